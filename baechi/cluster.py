@@ -1,0 +1,226 @@
+"""Devices and the network between them (DESIGN §3).
+
+A cluster is written either with a device list or with the count shorthand::
+
+    {"devices": [{"name": "/GPU:0", "memory_bytes": 8589934592, "speed": 1.0}], ...}
+    {"devices": {"count": 4, "memory_bytes": "8GiB", "name_prefix": "/GPU:"}, ...}
+
+Sizes may be integers (bytes) or strings with a unit (``8GiB``, ``512MiB``, ``2.5GB``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from baechi.errors import InvalidCluster
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+#: Name prefix of devices written with the count shorthand.
+DEFAULT_NAME_PREFIX = "/GPU:"
+
+
+def parse_size(value: int | str) -> int:
+    """Parse a memory size into bytes.
+
+    Examples
+    --------
+    >>> parse_size("8GiB"), parse_size("512MiB"), parse_size("2.5GB"), parse_size(1024)
+    (8589934592, 536870912, 2500000000, 1024)
+    """
+    if isinstance(value, bool):
+        raise ValueError("a size must be a number of bytes or a string like '8GiB', not a boolean")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"size {value} is negative")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value) or value < 0 or value != int(value):
+            raise ValueError(f"size {value} is not a whole, finite, non-negative number of bytes")
+        return int(value)
+    match = _SIZE.match(str(value))
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot read size {value!r}; write e.g. 8GiB, 512MiB, 2.5GB or bytes")
+    return int(round(float(match.group(1)) * _UNITS[match.group(2).lower()]))
+
+
+class Device(BaseModel):
+    """One accelerator: its name, memory (``None`` = unlimited) and relative speed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    memory_bytes: int | None = None
+    speed: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+
+    @field_validator("memory_bytes", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        return None if value is None else parse_size(value)
+
+    @field_validator("speed", mode="before")
+    @classmethod
+    def _no_bool(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("speed must be a number, not a boolean")
+        return value
+
+
+class Network(BaseModel):
+    """Links between devices: a transfer of b bytes costs ``latency_us + b / (GB/s * 1000)``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    latency_us: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    bandwidth_gbps: float = Field(default=math.inf, gt=0)
+    mode: Literal["sequential", "parallel"] = "sequential"
+
+    @field_validator("latency_us", "bandwidth_gbps", mode="before")
+    @classmethod
+    def _no_bool(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("must be a number, not a boolean")
+        if isinstance(value, float) and math.isnan(value):
+            raise ValueError("must not be NaN")
+        return value
+
+    def transfer_us(self, nbytes: int) -> float:
+        """Time to move ``nbytes`` between two devices (``latency_us`` alone for 0 bytes)."""
+        return self.latency_us + nbytes / (self.bandwidth_gbps * 1000.0)
+
+
+class DeviceCount(BaseModel):
+    """The shorthand ``{"count": 4, "memory_bytes": ..., "name_prefix": "/GPU:"}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    count: int = Field(ge=1, le=4096, strict=True)
+    memory_bytes: int | None = None
+    speed: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    name_prefix: str = DEFAULT_NAME_PREFIX
+
+    @field_validator("memory_bytes", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        return None if value is None else parse_size(value)
+
+    def expand(self) -> list[Device]:
+        return [
+            Device(name=f"{self.name_prefix}{i}", memory_bytes=self.memory_bytes, speed=self.speed)
+            for i in range(self.count)
+        ]
+
+
+class Cluster(BaseModel):
+    """Devices in a fixed order (the order breaks ties, DESIGN §4) and their network.
+
+    Examples
+    --------
+    >>> c = Cluster.parse({"devices": {"count": 2, "memory_bytes": "1GiB"}})
+    >>> [d.name for d in c.devices], c.network.mode
+    (['/GPU:0', '/GPU:1'], 'sequential')
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    devices: list[Device] = Field(min_length=1)
+    network: Network = Field(default_factory=Network)
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return DeviceCount.model_validate(value).expand()
+        return value
+
+    @field_validator("devices")
+    @classmethod
+    def _unique(cls, devices: list[Device]) -> list[Device]:
+        seen: set[str] = set()
+        for device in devices:
+            if device.name in seen:
+                raise ValueError(f"device name {device.name!r} appears twice")
+            seen.add(device.name)
+        return devices
+
+    @classmethod
+    def parse(cls, value: Cluster | dict[str, Any]) -> Cluster:
+        """Build a cluster from its JSON form, raising :class:`InvalidCluster` on bad input."""
+        if isinstance(value, Cluster):
+            return value
+        if not isinstance(value, dict):
+            raise InvalidCluster("cluster: expected an object with 'devices' and 'network'")
+        try:
+            return cls.model_validate(value)
+        except ValidationError as exc:
+            raise InvalidCluster(
+                "cluster: " + describe_validation_error(exc),
+                {"errors": _error_list(exc)},
+            ) from None
+
+    @classmethod
+    def uniform(
+        cls,
+        count: int,
+        memory_bytes: int | str | None = None,
+        latency_us: float = 0.0,
+        bandwidth_gbps: float = math.inf,
+        mode: str = "sequential",
+    ) -> Cluster:
+        """``count`` identical devices named ``/GPU:0`` …"""
+        return cls.parse(
+            {
+                "devices": {"count": count, "memory_bytes": memory_bytes},
+                "network": {"latency_us": latency_us, "bandwidth_gbps": bandwidth_gbps,
+                            "mode": mode},
+            }
+        )
+
+    def index(self) -> dict[str, int]:
+        """Device name → position in the cluster list."""
+        return {device.name: i for i, device in enumerate(self.devices)}
+
+    def fastest(self) -> int:
+        """Index of the fastest device (the first of equals)."""
+        best = 0
+        for i, device in enumerate(self.devices):
+            if device.speed > self.devices[best].speed:
+                best = i
+        return best
+
+    def to_json(self) -> dict[str, Any]:
+        """The cluster as a JSON-ready dict (infinite bandwidth written as ``null``)."""
+        data = self.model_dump()
+        if math.isinf(self.network.bandwidth_gbps):
+            data["network"].pop("bandwidth_gbps")
+        return data
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _error_list(exc: ValidationError) -> list[dict[str, Any]]:
+    return [{"field": _loc(e["loc"]), "message": e["msg"]} for e in exc.errors()]
+
+
+def describe_validation_error(exc: ValidationError, limit: int = 3) -> str:
+    """One line per pydantic error, ``field: message``, at most ``limit`` of them."""
+    errors = _error_list(exc)
+    text = "; ".join(f"{e['field'] or '(root)'}: {e['message']}" for e in errors[:limit])
+    if len(errors) > limit:
+        text += f"; and {len(errors) - limit} more"
+    return text
