@@ -228,6 +228,15 @@ def _memory(
     return traces
 
 
+def trace(
+    graph: Graph, cluster: Cluster, device_of: list[int], orders: list[list[int]]
+) -> tuple[list[float], list[float], Transfers, list[MemoryTrace]]:
+    """Start and end per op, transfers, and memory per device for consistent orders."""
+    start, end, transfers, arrival, sent = _timing(graph, cluster, device_of, orders)
+    memory = _memory(graph, cluster, device_of, start, end, transfers, arrival, sent)
+    return start, end, transfers, memory
+
+
 def replay(
     graph: Graph, cluster: Cluster, device_of: list[int], orders: list[list[int]]
 ) -> Simulation:
@@ -235,13 +244,12 @@ def replay(
 
     Use :func:`check_orders` first when the orders come from outside.
     """
-    start, end, transfers, arrival, sent = _timing(graph, cluster, device_of, orders)
-    memory = _memory(graph, cluster, device_of, start, end, transfers, arrival, sent)
+    start, end, transfers, memory = trace(graph, cluster, device_of, orders)
     names = [d.name for d in cluster.devices]
-    peaks = {name: trace.peak for name, trace in zip(names, memory, strict=True)}
+    peaks = {name: m.peak for name, m in zip(names, memory, strict=True)}
     memory_ok = all(
-        dev.memory_bytes is None or trace.peak <= dev.memory_bytes
-        for dev, trace in zip(cluster.devices, memory, strict=True)
+        dev.memory_bytes is None or m.peak <= dev.memory_bytes
+        for dev, m in zip(cluster.devices, memory, strict=True)
     )
     single_us, single_fits = single_device(graph, cluster)
     estimate = Estimate(
@@ -264,8 +272,8 @@ def single_device(graph: Graph, cluster: Cluster) -> tuple[float, bool]:
     orders: list[list[int]] = [[] for _ in cluster.devices]
     orders[fastest] = graph.topo
     device_of = [fastest] * len(graph)
-    start, end, transfers, arrival, sent = _timing(graph, cluster, device_of, orders)
-    peak = _memory(graph, cluster, device_of, start, end, transfers, arrival, sent)[fastest].peak
+    _, end, _, memory = trace(graph, cluster, device_of, orders)
+    peak = memory[fastest].peak
     fits = device.memory_bytes is None or peak <= device.memory_bytes
     return max(end, default=0.0), fits
 

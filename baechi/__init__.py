@@ -1,0 +1,50 @@
+"""Baechi: placement of ML training graphs on memory-limited devices.
+
+>>> import baechi
+>>> graph = baechi.load_graph({"format": "baechi.graph/v1",
+...                            "ops": [{"name": "a", "compute_us": 3}]})
+>>> plan = baechi.place(graph, {"devices": {"count": 2, "memory_bytes": "1GiB"}})
+>>> plan.placement, plan.estimate.step_time_us
+({'a': '/GPU:0'}, 3.0)
+"""
+
+__version__ = "0.1.0"
+
+from baechi.api import place  # noqa: E402
+from baechi.cluster import Cluster, Device, Network, parse_size  # noqa: E402
+from baechi.errors import (  # noqa: E402
+    InfeasiblePlacement,
+    InvalidCluster,
+    InvalidGraph,
+    InvalidPlan,
+    InvalidRequest,
+    PlacementError,
+    SolverTimeout,
+)
+from baechi.graph import Graph, load_graph  # noqa: E402
+from baechi.options import Options  # noqa: E402
+from baechi.plan import Estimate, Plan  # noqa: E402
+from baechi.simulate import Simulation, simulate, simulate_plan  # noqa: E402
+
+__all__ = [
+    "Cluster",
+    "Device",
+    "Estimate",
+    "Graph",
+    "InfeasiblePlacement",
+    "InvalidCluster",
+    "InvalidGraph",
+    "InvalidPlan",
+    "InvalidRequest",
+    "Network",
+    "Options",
+    "PlacementError",
+    "Plan",
+    "Simulation",
+    "SolverTimeout",
+    "load_graph",
+    "parse_size",
+    "place",
+    "simulate",
+    "simulate_plan",
+]

@@ -1,0 +1,29 @@
+"""Placement algorithms and their registry.
+
+Each algorithm is a function ``place_x(problem) -> Assignment`` (see :mod:`.base`).
+"""
+
+from __future__ import annotations
+
+from baechi.algorithms.base import Algorithm, Assignment, Problem
+from baechi.algorithms.single import place_single
+from baechi.errors import InvalidRequest
+
+#: Algorithm name → function, as accepted by ``place`` and the API.
+ALGORITHMS: dict[str, Algorithm] = {
+    "single": place_single,
+}
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """The algorithm called ``name``; :class:`InvalidRequest` lists the known ones."""
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise InvalidRequest(
+            f"algorithm: unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}",
+            {"field": "algorithm"},
+        ) from None
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "Assignment", "Problem", "get_algorithm"]

@@ -1,0 +1,194 @@
+"""``place``: the whole job, from graph and cluster to a simulated plan (DESIGN §6).
+
+Steps: build units (colocation, forward pairs, pins), reduce the graph (co-placement, fusion),
+place the reduced graph, expand to every op, derive each device's order, simulate. When the
+simulated peak exceeds a device's memory, the placer is run again with that device's budget
+lowered by the overshoot, a few times, before giving up with :class:`InfeasiblePlacement`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from baechi import __version__
+from baechi.algorithms import get_algorithm
+from baechi.algorithms.base import Assignment, Problem, Progress, no_progress
+from baechi.cluster import Cluster
+from baechi.errors import InfeasiblePlacement
+from baechi.graph import Graph, load_graph
+from baechi.options import Options
+from baechi.pipeline import reduce_graph
+from baechi.plan import GraphInfo, Plan, PlanRequest
+from baechi.simulate import Simulation, replay
+
+#: How many times the placer is re-run with tighter budgets after a plan overshoots memory.
+MEMORY_RETRIES = 4
+
+
+def place(
+    graph: Graph | dict[str, Any] | str,
+    cluster: Cluster | dict[str, Any],
+    algorithm: str = "m-etf",
+    options: Options | dict[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> Plan:
+    """Place ``graph`` on ``cluster`` and return the simulated plan.
+
+    Parameters
+    ----------
+    graph : Graph, dict, or path
+        A ``baechi.graph/v1`` document (see :func:`baechi.load_graph`).
+    cluster : Cluster or dict
+        Devices and network (DESIGN §3).
+    algorithm : str
+        ``single``, ``m-topo``, ``m-etf`` or ``m-sct``.
+    options : Options or dict, optional
+        Pipeline switches and time limit; every step on by default.
+    progress : callable, optional
+        ``progress(phase, fraction)``, called a few times per phase.
+
+    Raises
+    ------
+    InvalidGraph, InvalidCluster, InvalidRequest
+        Bad input, naming the op or field.
+    InfeasiblePlacement
+        No plan within the devices' memory was found.
+
+    Examples
+    --------
+    >>> g = {"format": "baechi.graph/v1",
+    ...      "ops": [{"name": "a", "compute_us": 5}, {"name": "b", "compute_us": 5}],
+    ...      "edges": [{"src": "a", "dst": "b", "bytes": 0}]}
+    >>> place(g, {"devices": {"count": 2}}, "m-etf").estimate.step_time_us
+    10.0
+    """
+    started = time.perf_counter()
+    report = progress or no_progress
+    cluster_json = cluster.to_json() if isinstance(cluster, Cluster) else cluster
+    cluster = Cluster.parse(cluster)
+    options = Options.parse(options)
+    place_fn = get_algorithm(algorithm)
+    report("validate", 0.0)
+    graph = load_graph(graph)
+    phases: dict[str, float] = {"validate": time.perf_counter() - started}
+
+    reduction = reduce_graph(graph, cluster, options, phases)
+    problem = Problem.of(
+        reduction.graph, cluster, reduction.units,
+        time_limit_s=options.time_limit_s, progress=report,
+    )
+    stats: dict[str, Any] = {"nodes": reduction.nodes, "memory_retries": 0}
+    simulation: Simulation | None = None
+    for attempt in range(MEMORY_RETRIES + 1):
+        tick = time.perf_counter()
+        assignment = place_fn(problem)
+        phases["place"] = phases.get("place", 0.0) + time.perf_counter() - tick
+        tick = time.perf_counter()
+        device_of, orders = reduction.expand(assignment)
+        simulation = replay(graph, cluster, device_of, orders)
+        phases["simulate"] = phases.get("simulate", 0.0) + time.perf_counter() - tick
+        over = _overshoot(simulation, cluster)
+        if not over:
+            break
+        if attempt == MEMORY_RETRIES:
+            _raise_over_limit(simulation, cluster, over, algorithm)
+        stats["memory_retries"] = attempt + 1
+        for d, excess in over.items():
+            problem.budget[d] -= excess * 1.05
+        report("place", 0.0)
+    assert simulation is not None
+    stats.update(assignment.stats)
+
+    if algorithm != "single" and options.allow_single:
+        simulation = _prefer_single(graph, cluster, options, simulation, stats)
+    stats["placement_seconds"] = time.perf_counter() - started
+    stats["phases"] = phases
+    stats["nodes_placed"] = reduction.nodes[-1]["nodes"] if reduction.nodes else len(graph)
+    report("done", 1.0)
+    return _plan(graph, cluster, cluster_json, algorithm, options, simulation, stats)
+
+
+def _overshoot(simulation: Simulation, cluster: Cluster) -> dict[int, int]:
+    """Device index → bytes over its limit, for devices whose simulated peak exceeds it."""
+    over = {}
+    for d, device in enumerate(cluster.devices):
+        peak = simulation.memory[d].peak
+        if device.memory_bytes is not None and peak > device.memory_bytes:
+            over[d] = peak - device.memory_bytes
+    return over
+
+
+def _raise_over_limit(
+    simulation: Simulation, cluster: Cluster, over: dict[int, int], algorithm: str
+) -> None:
+    d, excess = max(over.items(), key=lambda item: item[1])
+    device = cluster.devices[d]
+    raise InfeasiblePlacement(
+        f"{algorithm}: no plan within memory found; the best one needs "
+        f"{simulation.memory[d].peak} bytes on {device.name!r} ({excess} over its "
+        f"{device.memory_bytes})",
+        {"device": device.name, "missing_bytes": excess},
+    )
+
+
+def _prefer_single(
+    graph: Graph, cluster: Cluster, options: Options, simulation: Simulation,
+    stats: dict[str, Any],
+) -> Simulation:
+    """Return the single-device plan instead when it fits and is predicted faster."""
+    estimate = simulation.estimate
+    if not estimate.single_device_fits or estimate.single_device_us >= estimate.step_time_us:
+        return simulation
+    problem = Problem.of(graph, cluster, get_units(graph, cluster, options))
+    try:
+        single = get_algorithm("single")(problem)
+    except InfeasiblePlacement:
+        return simulation
+    candidate = replay(graph, cluster, single.device_of, single.orders)
+    if candidate.estimate.step_time_us < estimate.step_time_us and candidate.estimate.memory_ok:
+        stats["chose_single"] = True
+        stats["algorithm_step_time_us"] = estimate.step_time_us
+        return candidate
+    return simulation
+
+
+def get_units(graph: Graph, cluster: Cluster, options: Options) -> Any:
+    from baechi.grouping import colocation_units
+
+    return colocation_units(graph, cluster, options.forward_only)
+
+
+def _plan(
+    graph: Graph, cluster: Cluster, cluster_json: dict[str, Any], algorithm: str,
+    options: Options, simulation: Simulation, stats: dict[str, Any],
+) -> Plan:
+    names = [d.name for d in cluster.devices]
+    placement = {graph.names[op]: names[d] for op, d in enumerate(simulation.device_of)}
+    order = {names[d]: [graph.names[op] for op in ops] for d, ops in enumerate(simulation.orders)}
+    return Plan(
+        graph=GraphInfo(name=graph.name, sha256=graph.sha256, ops=len(graph)),
+        request=PlanRequest(
+            algorithm=algorithm, cluster=cluster_json, options=options.model_dump()
+        ),
+        placement=placement,
+        order=order,
+        estimate=simulation.estimate,
+        stats=_finite(stats),
+        engine={"version": __version__},
+    )
+
+
+def _finite(value: Any) -> Any:
+    """Replace infinities (not JSON) by None, recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+__all__ = ["Assignment", "place"]

@@ -1,0 +1,47 @@
+"""Options of a placement request (DESIGN §3, §6), with their defaults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+
+from baechi.cluster import describe_validation_error
+from baechi.errors import InvalidRequest
+
+#: Solver time limit when a request gives none, in seconds.
+DEFAULT_TIME_LIMIT_S = 60.0
+
+
+class Options(BaseModel):
+    """Switches of the reduction pipeline and limits of the placer.
+
+    Every pipeline step is on by default; ``allow_single`` returns the single-device plan
+    when it fits and is predicted faster than the algorithm's plan.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    co_placement: StrictBool = True
+    fusion: StrictBool = True
+    forward_only: StrictBool = True
+    allow_single: StrictBool = True
+    time_limit_s: float = Field(default=DEFAULT_TIME_LIMIT_S, gt=0, le=86400, allow_inf_nan=False)
+
+    @classmethod
+    def parse(cls, value: Options | dict[str, Any] | None) -> Options:
+        """Build options from JSON, raising :class:`InvalidRequest` on unknown or bad fields."""
+        if value is None:
+            return cls()
+        if isinstance(value, Options):
+            return value
+        if not isinstance(value, dict):
+            raise InvalidRequest("options: expected an object")
+        try:
+            return cls.model_validate(value)
+        except ValidationError as exc:
+            raise InvalidRequest("options: " + describe_validation_error(exc)) from None
+
+    def without_pipeline(self) -> Options:
+        """The same options with every reduction step off."""
+        return self.model_copy(update={"co_placement": False, "fusion": False})
