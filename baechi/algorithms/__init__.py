@@ -6,12 +6,16 @@ Each algorithm is a function ``place_x(problem) -> Assignment`` (see :mod:`.base
 from __future__ import annotations
 
 from baechi.algorithms.base import Algorithm, Assignment, Problem
+from baechi.algorithms.etf import place_etf
 from baechi.algorithms.single import place_single
+from baechi.algorithms.topo import place_topo
 from baechi.errors import InvalidRequest
 
 #: Algorithm name → function, as accepted by ``place`` and the API.
 ALGORITHMS: dict[str, Algorithm] = {
     "single": place_single,
+    "m-topo": place_topo,
+    "m-etf": place_etf,
 }
 
 

@@ -1,0 +1,386 @@
+"""m-ETF: earliest-task-first list scheduling under memory limits (Baechi, DESIGN §6).
+
+Repeatedly commit the (ready op, device with room) pair with the earliest start; ties go to
+the op with the longest remaining path, then the canonical order, then the device index.
+Data arrival follows the cost model (transfer latency and bandwidth, one channel per device
+in sequential mode, a tensor sent to a device once), so the schedule is the simulator's: in
+parallel mode exactly, in sequential mode up to the order in which channels are booked.
+
+Memory is tracked as the simulator counts it: persistent bytes of a unit from the moment
+the unit is placed, an op's temp until it ends, its output until its last consumer is
+scheduled, received copies until their last consumer there. A pair that does not fit waits
+until its device frees memory; when nothing fits anywhere, the best pair is committed
+anyway and the plan is left to the simulator's verdict (``place`` then retries with a
+tighter budget, or reports :class:`~baechi.errors.InfeasiblePlacement`).
+
+The same engine runs m-SCT (:mod:`.sct`): ``favourite_child`` makes a device that just
+finished an op wait for that op's favourite child unless an urgent op is ready.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any
+
+from baechi.algorithms.base import Assignment, Problem
+
+
+def remaining_path(problem: Problem) -> list[float]:
+    """Longest compute path from each op to a sink, the op included (fastest device)."""
+    graph = problem.graph
+    speed = max(d.speed for d in problem.cluster.devices)
+    level = [0.0] * len(graph)
+    for op in reversed(graph.topo):
+        tail = 0.0
+        for k in graph.out_edges[op]:
+            if level[graph.edge_dst[k]] > tail:
+                tail = level[graph.edge_dst[k]]
+        level[op] = graph.compute_us[op] / speed + tail
+    return level
+
+
+def place_etf(problem: Problem) -> Assignment:
+    """m-ETF on ``problem``; see the module docstring.
+
+    Examples
+    --------
+    >>> from baechi import Cluster, load_graph
+    >>> from baechi.grouping import colocation_units
+    >>> g = load_graph({"format": "baechi.graph/v1",
+    ...     "ops": [{"name": n, "compute_us": 10} for n in "abc"],
+    ...     "edges": [{"src": "a", "dst": "b", "bytes": 0}, {"src": "a", "dst": "c", "bytes": 0}]})
+    >>> c = Cluster.uniform(2)
+    >>> place_etf(Problem.of(g, c, colocation_units(g, c))).device_of
+    [0, 0, 1]
+    """
+    return ListScheduler(problem).run()
+
+
+class ListScheduler:
+    """Event-ordered list scheduling with per-device candidate heaps.
+
+    For each device two heaps hold the ready ops allowed there: ``waiting`` (keyed by the
+    time their data is ready on the device) and ``available`` (data ready before the device
+    is free; keyed by priority). The best pair of a device is the top of ``available`` if
+    any, else the top of ``waiting``; the global choice is the best of the devices' bests.
+    Entries of ops committed elsewhere are dropped lazily.
+    """
+
+    def __init__(self, problem: Problem, favourite_child: list[int] | None = None) -> None:
+        self.problem = problem
+        graph = problem.graph
+        cluster = problem.cluster
+        self.graph = graph
+        self.n_dev = len(cluster.devices)
+        self.speed = [d.speed for d in cluster.devices]
+        network = cluster.network
+        self.latency = network.latency_us
+        self.per_byte = 1.0 / (network.bandwidth_gbps * 1000.0)
+        self.sequential = network.mode == "sequential"
+        self.favourite_child = favourite_child
+        self.rank = remaining_path(problem)
+        self.topo_index = [0] * len(graph)
+        for i, op in enumerate(graph.topo):
+            self.topo_index[op] = i
+
+    # ----------------------------------------------------------------- transfers
+    def _key(self, k: int, d: int) -> tuple[Any, ...]:
+        g = self.graph
+        if g.edge_control[k]:
+            return (g.edge_src[k], d, None, 0)
+        return (g.edge_src[k], d, g.edge_tensor[k], g.edge_bytes[k])
+
+    def _cost(self, k: int) -> float:
+        g = self.graph
+        return self.latency + (0 if g.edge_control[k] else g.edge_bytes[k]) * self.per_byte
+
+    def data_ready(self, op: int, d: int) -> float:
+        """When all of ``op``'s inputs could be on device ``d`` (channels as they are now)."""
+        g = self.graph
+        ready = 0.0
+        for k in g.in_edges[op]:
+            src = g.edge_src[k]
+            if self.device_of[src] == d:
+                t = self.end[src]
+            else:
+                t = self.sent.get(self._key(k, d))
+                if t is None:
+                    t = self.end[src]
+                    if self.sequential:
+                        t = max(t, self.channel_free[self.device_of[src]], self.channel_free[d])
+                    t += self._cost(k)
+            if t > ready:
+                ready = t
+        return ready
+
+    def _book(self, op: int, d: int) -> tuple[float, int]:
+        """Book the transfers ``op`` needs on ``d``; its data-ready time and copy bytes."""
+        g = self.graph
+        ready = 0.0
+        copy_bytes = 0
+        for k in g.in_edges[op]:
+            src = g.edge_src[k]
+            sd = self.device_of[src]
+            if sd == d:
+                t = self.end[src]
+            else:
+                key = self._key(k, d)
+                t = self.sent.get(key)
+                if t is None:
+                    cost = self._cost(k)
+                    begin = self.end[src]
+                    if self.sequential:
+                        begin = max(begin, self.channel_free[sd], self.channel_free[d])
+                        self.channel_free[sd] = self.channel_free[d] = begin + cost
+                    t = self.sent[key] = begin + cost
+                    if not g.edge_control[k]:
+                        copy_bytes += g.edge_bytes[k]
+                        self.copy_bytes[key] = g.edge_bytes[k]
+                        self.output_free[src] = max(self.output_free[src], t)
+            if t > ready:
+                ready = t
+        return ready, copy_bytes
+
+    # ----------------------------------------------------------------- candidates
+    def _allowed(self, op: int) -> range | tuple[int]:
+        unit = self.units.unit_of[op]
+        d = self.unit_device[unit]
+        return (d,) if d >= 0 else range(self.n_dev)
+
+    def _offer(self, op: int) -> None:
+        """Make a newly ready op a candidate on every device it may go to."""
+        for d in self._allowed(op):
+            self._push(op, d, self.data_ready(op, d))
+
+    def _push(self, op: int, d: int, ready: float) -> None:
+        priority = (-self.rank[op], self.topo_index[op])
+        if ready <= self.device_free[d]:
+            heapq.heappush(self.available[d], (*priority, ready, op))
+        else:
+            heapq.heappush(self.waiting[d], (ready, *priority, op))
+
+    def _stale(self, op: int, d: int) -> bool:
+        unit_device = self.unit_device[self.units.unit_of[op]]
+        return self.done[op] or (unit_device >= 0 and unit_device != d)
+
+    def _best(self, d: int) -> tuple[float, float, int, int, int] | None:
+        """(start, -rank, topo index, device, op) of device ``d``'s best candidate."""
+        available, waiting = self.available[d], self.waiting[d]
+        while waiting and waiting[0][0] <= self.device_free[d]:
+            ready, neg_rank, topo, op = heapq.heappop(waiting)
+            heapq.heappush(available, (neg_rank, topo, ready, op))
+        while available and self._stale(available[0][3], d):
+            heapq.heappop(available)
+        if available:
+            neg_rank, topo, _, op = available[0]
+            return (self.device_free[d], neg_rank, topo, d, op)
+        while waiting and self._stale(waiting[0][3], d):
+            heapq.heappop(waiting)
+        if waiting:
+            ready, neg_rank, topo, op = waiting[0]
+            return (ready, neg_rank, topo, d, op)
+        return None
+
+    def _drop(self, d: int, op: int) -> None:
+        """Remove ``op`` (the top candidate of device ``d``) from ``d``'s heaps."""
+        if self.available[d] and self.available[d][0][3] == op:
+            heapq.heappop(self.available[d])
+        else:
+            heapq.heappop(self.waiting[d])
+
+    # ----------------------------------------------------------------- memory
+    def _need(self, op: int, d: int) -> float:
+        g = self.graph
+        need = g.temp_bytes[op] + g.output_bytes[op]
+        unit = self.units.unit_of[op]
+        if self.unit_device[unit] < 0:
+            need += self.unit_persistent[unit]
+        for k in g.in_edges[op]:
+            if not g.edge_control[k] and self.device_of[g.edge_src[k]] != d:
+                key = self._key(k, d)
+                if key not in self.sent:
+                    need += g.edge_bytes[k]
+        return need
+
+    def _release(self, now: float) -> None:
+        """Apply every free due by ``now``; wake the ops blocked on devices that freed."""
+        for d in range(self.n_dev):
+            frees = self.frees[d]
+            freed = False
+            while frees and frees[0][0] <= now:
+                self.live[d] -= heapq.heappop(frees)[1]
+                freed = True
+            if freed and self.blocked[d]:
+                for op in self.blocked[d]:
+                    if not self._stale(op, d):
+                        self._push(op, d, self.data_ready(op, d))
+                self.blocked[d] = []
+
+    def _consumed(self, src: int) -> None:
+        """Every consumer of ``src`` is scheduled: free its output and received copies."""
+        g = self.graph
+        d = self.device_of[src]
+        heapq.heappush(self.frees[d], (self.output_free[src], g.output_bytes[src]))
+        last: dict[tuple[Any, ...], float] = {}
+        for k in g.out_edges[src]:
+            dst = g.edge_dst[k]
+            dd = self.device_of[dst]
+            if dd != d and not g.edge_control[k]:
+                key = self._key(k, dd)
+                last[key] = max(last.get(key, 0.0), self.end[dst])
+        for key, t in last.items():
+            heapq.heappush(self.frees[key[1]], (t, self.copy_bytes[key]))
+
+    # ----------------------------------------------------------------- main loop
+    def run(self) -> Assignment:
+        problem, g = self.problem, self.graph
+        n, n_dev = len(g), self.n_dev
+        self.units = problem.units
+        self.unit_device = list(self.units.pin)
+        self.unit_persistent = [
+            sum(g.persistent_bytes[op] for op in ops) for ops in self.units.members
+        ]
+        self.device_of = [-1] * n
+        self.end = [0.0] * n
+        self.done = [False] * n
+        self.device_free = [0.0] * n_dev
+        self.channel_free = [0.0] * n_dev
+        self.sent: dict[tuple[Any, ...], float] = {}
+        self.copy_bytes: dict[tuple[Any, ...], int] = {}
+        self.output_free = [0.0] * n
+        self.live = [0.0] * n_dev
+        self.frees: list[list[tuple[float, int]]] = [[] for _ in range(n_dev)]
+        self.blocked: list[list[int]] = [[] for _ in range(n_dev)]
+        self.available: list[list[Any]] = [[] for _ in range(n_dev)]
+        self.waiting: list[list[Any]] = [[] for _ in range(n_dev)]
+        for unit, d in enumerate(self.unit_device):
+            if d >= 0:
+                self.live[d] += self.unit_persistent[unit]
+        data_consumers = [
+            sum(1 for k in g.out_edges[op] if not g.edge_control[k]) for op in range(n)
+        ]
+        waiting_inputs = [len({g.edge_src[k] for k in g.in_edges[op]}) for op in range(n)]
+        orders: list[list[int]] = [[] for _ in range(n_dev)]
+        budget = problem.budget
+        forced = 0
+        step = max(1, n // 20)
+        for op in range(n):
+            if not waiting_inputs[op]:
+                self._offer(op)
+        last_device = [-1] * n_dev  # op each device finished last (m-SCT's favourite rule)
+        for count in range(n):
+            if count % step == 0:
+                problem.progress("place", count / n)
+            choice = self._select(budget, last_device)
+            if choice is None:
+                choice = self._force()
+                forced += 1
+            start_hint, op, d = choice
+            unit = self.units.unit_of[op]
+            if self.unit_device[unit] < 0:
+                self.unit_device[unit] = d
+                self.live[d] += self.unit_persistent[unit]
+            ready, copy_bytes = self._book(op, d)
+            start = max(self.device_free[d], ready)
+            end = start + g.compute_us[op] / self.speed[d]
+            self.device_of[op], self.end[op], self.done[op] = d, end, True
+            self.output_free[op] = max(self.output_free[op], end)
+            self.device_free[d] = end
+            last_device[d] = op
+            orders[d].append(op)
+            self.live[d] += g.temp_bytes[op] + g.output_bytes[op] + copy_bytes
+            heapq.heappush(self.frees[d], (end, g.temp_bytes[op]))
+            for k in g.in_edges[op]:
+                src = g.edge_src[k]
+                if not g.edge_control[k]:
+                    if self.device_of[src] == d:
+                        self.output_free[src] = max(self.output_free[src], end)
+                    data_consumers[src] -= 1
+                    if data_consumers[src] == 0:
+                        self._consumed(src)
+            if not data_consumers[op]:
+                self._consumed(op)
+                data_consumers[op] = -1
+            seen: set[int] = set()
+            for k in g.out_edges[op]:
+                dst = g.edge_dst[k]
+                if dst not in seen:
+                    seen.add(dst)
+                    waiting_inputs[dst] -= 1
+                    if not waiting_inputs[dst]:
+                        self._offer(dst)
+            self._release(start)
+        stats: dict[str, Any] = {"placer_step_time_us": max(self.end, default=0.0)}
+        if forced:
+            stats["memory_forced_ops"] = forced
+        return Assignment(self.device_of, orders, stats)
+
+    def _select(
+        self, budget: list[float], last_device: list[int]
+    ) -> tuple[float, int, int] | None:
+        """The best (start, op, device) that fits in memory; ``None`` if none does."""
+        no_favour: set[int] = set()
+        while True:
+            bests = [b for d in range(self.n_dev) if (b := self._best(d)) is not None]
+            if not bests:
+                return None
+            if self.favourite_child is not None:
+                bests = self._favour(bests, last_device, no_favour)
+            start, _, _, d, op = choice = min(bests)
+            if self.live[d] + self._need(op, d) <= budget[d] or math.isinf(budget[d]):
+                return start, op, d
+            if choice[4] != self._best(d)[4]:  # type: ignore[index]
+                no_favour.add(d)  # the favourite child does not fit: let the device choose
+                continue
+            self._drop(d, op)
+            self.blocked[d].append(op)
+
+    def _favour(
+        self, bests: list[Any], last_device: list[int], no_favour: set[int]
+    ) -> list[Any]:
+        """m-SCT: a device whose last op has a ready favourite child takes that child next,
+        unless an urgent op (ready everywhere now, i.e. at the device's free time) exists."""
+        favoured = []
+        for best in bests:
+            start, neg_rank, topo, d, op = best
+            last = last_device[d]
+            child = self.favourite_child[last] if last >= 0 else -1  # type: ignore[index]
+            if d not in no_favour and child >= 0 and child != op and not self.done[child] and not self._urgent(best):
+                ready_here = self._candidate_start(child, d)
+                if ready_here is not None:
+                    favoured.append((ready_here, -self.rank[child], self.topo_index[child], d,
+                                     child))
+                    continue
+            favoured.append(best)
+        return favoured
+
+    def _urgent(self, best: Any) -> bool:
+        start, _, _, d, op = best
+        return start <= self.device_free[d] and all(
+            self.data_ready(op, e) <= start for e in self._allowed(op)
+        )
+
+    def _candidate_start(self, op: int, d: int) -> float | None:
+        """Start of ``op`` on ``d`` if ``op`` is ready and allowed there, else ``None``."""
+        g = self.graph
+        if any(not self.done[g.edge_src[k]] for k in g.in_edges[op]):
+            return None
+        if d not in self._allowed(op):
+            return None
+        return max(self.device_free[d], self.data_ready(op, d))
+
+    def _force(self) -> tuple[float, int, int]:
+        """Nothing fits: take the earliest blocked pair regardless of memory."""
+        best = None
+        for d in range(self.n_dev):
+            for op in self.blocked[d]:
+                if self._stale(op, d):
+                    continue
+                start = max(self.device_free[d], self.data_ready(op, d))
+                key = (start, -self.rank[op], self.topo_index[op], d, op)
+                if best is None or key < best:
+                    best = key
+        assert best is not None, "a ready op always exists in a DAG"
+        self.blocked[best[3]].remove(best[4])
+        return best[0], best[4], best[3]
