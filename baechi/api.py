@@ -18,10 +18,11 @@ from baechi.algorithms.base import Assignment, Problem, Progress, no_progress
 from baechi.cluster import Cluster
 from baechi.errors import InfeasiblePlacement
 from baechi.graph import Graph, load_graph
+from baechi.grouping import Units, colocation_units
 from baechi.options import Options
 from baechi.pipeline import reduce_graph
 from baechi.plan import GraphInfo, Plan, PlanRequest
-from baechi.simulate import Simulation, replay
+from baechi.simulate import Simulation, replay, trace
 
 #: How many times the placer is re-run with tighter budgets after a plan overshoots memory.
 MEMORY_RETRIES = 4
@@ -75,6 +76,8 @@ def place(
     phases: dict[str, float] = {"validate": time.perf_counter() - started}
 
     reduction = reduce_graph(graph, cluster, options, phases)
+    _check_units_fit(graph, cluster, reduction.units if reduction.members is None else
+                     colocation_units(graph, cluster, options.forward_only))
     problem = Problem.of(
         reduction.graph, cluster, reduction.units,
         time_limit_s=options.time_limit_s, progress=report,
@@ -93,7 +96,7 @@ def place(
         if not over:
             break
         if attempt == MEMORY_RETRIES:
-            _raise_over_limit(simulation, cluster, over, algorithm)
+            _raise_over_limit(graph, simulation, cluster, over, algorithm)
         stats["memory_retries"] = attempt + 1
         for d, excess in over.items():
             problem.budget[d] -= excess * 1.05
@@ -120,16 +123,56 @@ def _overshoot(simulation: Simulation, cluster: Cluster) -> dict[int, int]:
     return over
 
 
+def _graph_needs(graph: Graph, cluster: Cluster) -> dict[str, int]:
+    """What the whole graph needs: its single-device peak and its persistent bytes."""
+    fastest = cluster.fastest()
+    orders: list[list[int]] = [[] for _ in cluster.devices]
+    orders[fastest] = graph.topo
+    peak = trace(graph, cluster, [fastest] * len(graph), orders)[3][fastest].peak
+    return {"graph_needs_bytes": peak, "graph_persistent_bytes": sum(graph.persistent_bytes)}
+
+
+def _check_units_fit(graph: Graph, cluster: Cluster, units: Units) -> None:
+    """Fail fast, naming the op, when a unit cannot fit on any device it may use.
+
+    A unit holds all its members' persistent bytes and, while an op runs, that op's temp and
+    output: no plan can use less on the unit's device.
+    """
+    limits = [math.inf if d.memory_bytes is None else d.memory_bytes for d in cluster.devices]
+    for unit, ops in enumerate(units.members):
+        biggest = max(ops, key=lambda op: graph.temp_bytes[op] + graph.output_bytes[op])
+        need = sum(graph.persistent_bytes[op] for op in ops) + (
+            graph.temp_bytes[biggest] + graph.output_bytes[biggest])
+        pin = units.pin[unit]
+        room = limits[pin] if pin >= 0 else max(limits)
+        if need > room:
+            heaviest = max(ops, key=lambda op: graph.persistent_bytes[op])
+            what = (f"op {graph.names[ops[0]]!r}" if len(ops) == 1 else
+                    f"the group of {len(ops)} ops around {graph.names[heaviest]!r} "
+                    "(colocation/forward pairs)")
+            where = f"device {cluster.devices[pin].name!r}" if pin >= 0 else "the largest device"
+            raise InfeasiblePlacement(
+                f"{what} needs {need} bytes but {where} holds {room}: "
+                f"{need - room} bytes missing",
+                {"op": graph.names[ops[0]], "missing_bytes": need - room,
+                 **_graph_needs(graph, cluster)},
+            )
+
+
 def _raise_over_limit(
-    simulation: Simulation, cluster: Cluster, over: dict[int, int], algorithm: str
+    graph: Graph, simulation: Simulation, cluster: Cluster, over: dict[int, int], algorithm: str
 ) -> None:
     d, excess = max(over.items(), key=lambda item: item[1])
     device = cluster.devices[d]
+    needs = _graph_needs(graph, cluster)
+    total = sum(dev.memory_bytes or 0 for dev in cluster.devices)
     raise InfeasiblePlacement(
         f"{algorithm}: no plan within memory found; the best one needs "
         f"{simulation.memory[d].peak} bytes on {device.name!r} ({excess} over its "
-        f"{device.memory_bytes})",
-        {"device": device.name, "missing_bytes": excess},
+        f"{device.memory_bytes}); the whole graph needs {needs['graph_needs_bytes']} bytes on "
+        f"one device ({needs['graph_persistent_bytes']} of them persistent), the cluster has "
+        f"{total} in all",
+        {"device": device.name, "missing_bytes": excess, **needs},
     )
 
 
@@ -141,7 +184,7 @@ def _prefer_single(
     estimate = simulation.estimate
     if not estimate.single_device_fits or estimate.single_device_us >= estimate.step_time_us:
         return simulation
-    problem = Problem.of(graph, cluster, get_units(graph, cluster, options))
+    problem = Problem.of(graph, cluster, colocation_units(graph, cluster, options.forward_only))
     try:
         single = get_algorithm("single")(problem)
     except InfeasiblePlacement:
@@ -152,12 +195,6 @@ def _prefer_single(
         stats["algorithm_step_time_us"] = estimate.step_time_us
         return candidate
     return simulation
-
-
-def get_units(graph: Graph, cluster: Cluster, options: Options) -> Any:
-    from baechi.grouping import colocation_units
-
-    return colocation_units(graph, cluster, options.forward_only)
 
 
 def _plan(

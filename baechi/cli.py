@@ -1,0 +1,267 @@
+"""The ``baechi`` command: place, simulate and report in-process; more verbs from plugins.
+
+Exit status: 0 success, 2 invalid input, 3 infeasible placement, 1 anything else.
+Errors go to stderr as one line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from baechi import __version__
+from baechi.algorithms import ALGORITHMS
+from baechi.api import place
+from baechi.cluster import Cluster
+from baechi.errors import InvalidCluster, PlacementError
+from baechi.graph import load_graph
+from baechi.plan import Estimate, Plan
+from baechi.simulate import simulate_plan
+
+#: Modules that add verbs (``register(subparsers)``); skipped when their extra is absent.
+PLUGINS = ("baechi.importers.cli", "service.cli", "client.cli")
+
+#: Algorithm used when ``--algorithm`` is not given.
+DEFAULT_ALGORITHM = "m-etf"
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--devices/--memory`` or ``--cluster``, plus the network flags."""
+    group = parser.add_argument_group("cluster")
+    group.add_argument("--cluster", metavar="FILE", help="cluster JSON (DESIGN §3)")
+    group.add_argument("--devices", type=int, default=None, help="number of devices (4)")
+    group.add_argument("--memory", default=None, help="memory per device, e.g. 8GiB")
+    group.add_argument("--latency-us", type=float, default=None, help="link latency (µs)")
+    group.add_argument("--bandwidth-gbps", type=float, default=None, help="link GB/s")
+    group.add_argument("--comm", choices=("sequential", "parallel"), default=None,
+                       help="communication mode (sequential)")
+
+
+def cluster_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The cluster JSON from :func:`add_cluster_arguments`' flags."""
+    if args.cluster:
+        if args.devices is not None or args.memory is not None:
+            raise InvalidCluster("give either --cluster or --devices/--memory, not both")
+        data = _read_json(args.cluster, "cluster")
+        if not isinstance(data, dict):
+            raise InvalidCluster(f"{args.cluster}: expected a JSON object")
+    else:
+        devices: dict[str, Any] = {"count": args.devices if args.devices is not None else 4}
+        if args.memory is not None:
+            devices["memory_bytes"] = args.memory
+        data = {"devices": devices}
+    network = dict(data.get("network") or {})
+    for flag, key in (("latency_us", "latency_us"), ("bandwidth_gbps", "bandwidth_gbps"),
+                      ("comm", "mode")):
+        if getattr(args, flag) is not None:
+            network[key] = getattr(args, flag)
+    if network:
+        data["network"] = network
+    Cluster.parse(data)  # fail early, naming the field
+    return data
+
+
+def _read_json(path: str, what: str) -> Any:
+    try:
+        return orjson.loads(Path(path).read_bytes())
+    except OSError as exc:
+        raise InvalidCluster(f"{path}: cannot read {what} file: {exc.strerror}") from None
+    except orjson.JSONDecodeError as exc:
+        raise InvalidCluster(f"{path}: {what} is not valid JSON: {exc}") from None
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if args.no_pipeline:
+        options.update(co_placement=False, fusion=False)
+    if args.no_fusion:
+        options["fusion"] = False
+    if args.no_co_placement:
+        options["co_placement"] = False
+    if args.no_forward_only:
+        options["forward_only"] = False
+    if args.no_single:
+        options["allow_single"] = False
+    if args.time_limit is not None:
+        options["time_limit_s"] = args.time_limit
+    return options
+
+
+def _bytes(n: float | None) -> str:
+    if n is None or math.isinf(n):
+        return "unlimited"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1000:.3f} ms"
+
+
+def summary(plan: Plan, estimate: Estimate, cluster: Cluster) -> str:
+    """The human-readable summary printed by ``place`` and ``simulate``."""
+    e = estimate
+    speedup = e.single_device_us / e.step_time_us if e.step_time_us > 0 else 1.0
+    net = cluster.network
+    bandwidth = "∞" if math.isinf(net.bandwidth_gbps) else f"{net.bandwidth_gbps:g}"
+    lines = [
+        f"graph          {plan.graph.name or '(unnamed)'}: {len(plan.placement)} ops",
+        f"algorithm      {plan.request.algorithm} on {len(cluster.devices)} devices "
+        f"({net.latency_us:g} µs, {bandwidth} GB/s, {net.mode})",
+    ]
+    nodes = plan.stats.get("nodes")
+    if nodes:
+        lines.append("reduction      " + " -> ".join(f"{n['nodes']} ({n['phase']})" for n in nodes))
+    if plan.stats.get("chose_single"):
+        lines.append(
+            f"note           single device is faster than {plan.request.algorithm}'s plan "
+            f"({_ms(plan.stats['algorithm_step_time_us'])}): returning it"
+        )
+    if plan.stats.get("fallback"):
+        lines.append(f"note           {plan.stats['fallback']}")
+    lines += [
+        f"step time      {_ms(e.step_time_us)}  (lower bound {_ms(e.lower_bound_us)}, "
+        f"ratio {e.step_time_us / e.lower_bound_us if e.lower_bound_us else 1:.3f})",
+        f"single device  {_ms(e.single_device_us)}  (fits: {'yes' if e.single_device_fits else 'no'})"
+        f"  speedup {speedup:.3f}x",
+        "peak memory",
+    ]
+    for device in cluster.devices:
+        peak = e.peak_memory_bytes.get(device.name, 0)
+        flag = "" if device.memory_bytes is None or peak <= device.memory_bytes else "  OVER LIMIT"
+        lines.append(f"  {device.name:<12} {_bytes(peak):>12} / {_bytes(device.memory_bytes)}{flag}")
+    lines.append(f"transfers      {e.transfers} ({_bytes(e.transfer_bytes)})")
+    if "placement_seconds" in plan.stats:
+        lines.append(f"placement      {plan.stats['placement_seconds']:.3f} s")
+    return "\n".join(lines)
+
+
+def _write_plan(plan: Plan, path: str) -> None:
+    data = orjson.dumps(plan.model_dump(mode="json"), option=orjson.OPT_INDENT_2)
+    target = Path(path)
+    partial = target.with_name(target.name + ".partial")
+    partial.write_bytes(data)
+    partial.replace(target)  # never leave a half-written plan behind
+
+
+def cmd_place(args: argparse.Namespace) -> int:
+    cluster_json = cluster_from_args(args)
+    graph = load_graph(args.graph)
+    plan = place(graph, cluster_json, args.algorithm, _options(args))
+    assert plan.estimate is not None
+    print(summary(plan, plan.estimate, Cluster.parse(cluster_json)))
+    if args.output:
+        _write_plan(plan, args.output)
+        print(f"plan written to {args.output}")
+    if args.report:
+        from baechi.report import write_report
+
+        write_report(graph, plan, args.report)
+        print(f"report written to {args.report}")
+    return 0
+
+
+def _load_plan(path: str) -> Plan:
+    from baechi.errors import InvalidPlan
+
+    try:
+        data = orjson.loads(Path(path).read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise InvalidPlan(f"{path}: cannot read plan: {exc}") from None
+    return Plan.parse(data)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    graph = load_graph(args.graph)
+    plan = _load_plan(args.plan)
+    cluster_json = _read_json(args.cluster, "cluster") if args.cluster else plan.request.cluster
+    cluster = Cluster.parse(cluster_json)
+    simulation = simulate_plan(graph, plan, cluster)
+    print(summary(plan, simulation.estimate, cluster))
+    if args.json:
+        print(json.dumps(simulation.estimate.model_dump(), indent=2))
+    return 0 if simulation.estimate.memory_ok else 3
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from baechi.report import write_report
+
+    graph = load_graph(args.graph)
+    plan = _load_plan(args.plan)
+    cluster = _read_json(args.cluster, "cluster") if args.cluster else None
+    write_report(graph, plan, args.output, cluster)
+    print(f"report written to {args.output}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="baechi", description="Place ML training graphs on memory-limited devices."
+    )
+    parser.add_argument("--version", action="version", version=f"baechi {__version__}")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    p = verbs.add_parser("place", help="place a graph in-process and print the summary")
+    p.add_argument("graph", help="baechi.graph/v1 JSON file")
+    add_cluster_arguments(p)
+    p.add_argument("--algorithm", "-a", default=DEFAULT_ALGORITHM, choices=sorted(ALGORITHMS))
+    p.add_argument("-o", "--output", metavar="PLAN", help="write the plan JSON here")
+    p.add_argument("--report", metavar="HTML", help="write the HTML report here")
+    p.add_argument("--no-pipeline", action="store_true", help="place the raw graph")
+    p.add_argument("--no-fusion", action="store_true")
+    p.add_argument("--no-co-placement", action="store_true")
+    p.add_argument("--no-forward-only", action="store_true")
+    p.add_argument("--no-single", action="store_true",
+                   help="never fall back to the single-device plan")
+    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="solver time limit in seconds")
+    p.set_defaults(func=cmd_place)
+
+    s = verbs.add_parser("simulate", help="replay a plan and print its summary")
+    s.add_argument("graph")
+    s.add_argument("plan")
+    s.add_argument("--cluster", metavar="FILE", help="replay on this cluster instead")
+    s.add_argument("--json", action="store_true", help="also print the estimate as JSON")
+    s.set_defaults(func=cmd_simulate)
+
+    r = verbs.add_parser("report", help="write the HTML report of a plan")
+    r.add_argument("graph")
+    r.add_argument("plan")
+    r.add_argument("-o", "--output", required=True, metavar="HTML")
+    r.add_argument("--cluster", metavar="FILE")
+    r.set_defaults(func=cmd_report)
+
+    for name in PLUGINS:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        module.register(verbs)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except PlacementError as exc:
+        print(f"baechi: error: {exc.message}", file=sys.stderr)
+        return exc.exit_status
+    except KeyboardInterrupt:
+        print("baechi: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Placement algorithms: invariants on random DAGs (hypothesis) and hand-checked cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from helpers import edge, graph_doc, op, two_devices
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from baechi import InfeasiblePlacement, InvalidRequest, place, simulate
+from baechi.algorithms import ALGORITHMS
+
+PLACERS = [name for name in ALGORITHMS]
+
+
+@st.composite
+def dags(draw: st.DrawFn) -> dict:
+    n = draw(st.integers(1, 24))
+    groups = draw(st.integers(0, 3))
+    ops = []
+    for i in range(n):
+        fields = {
+            "output_bytes": draw(st.integers(0, 4000)),
+            "temp_bytes": draw(st.sampled_from([0, 0, 500])),
+            "persistent_bytes": draw(st.sampled_from([0, 0, 1000, 3000])),
+        }
+        if groups and draw(st.integers(0, 3)) == 0:
+            fields["colocation_group"] = f"g{draw(st.integers(0, groups - 1))}"
+        ops.append(op(f"o{i}", draw(st.floats(0, 100, allow_nan=False)), **fields))
+    edges = []
+    for j in range(1, n):
+        for i in draw(st.sets(st.integers(0, j - 1), max_size=3)):
+            control = draw(st.integers(0, 5)) == 0
+            edges.append(edge(f"o{i}", f"o{j}", 0 if control else draw(st.integers(0, 6000)),
+                              control=control, tensor=f"o{i}:{draw(st.integers(0, 1))}"))
+    return graph_doc(ops, edges)
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> dict:
+    count = draw(st.integers(1, 4))
+    memory = draw(st.sampled_from([None, 6000, 15000, 40000]))
+    devices = [{"name": f"/GPU:{i}", "speed": draw(st.sampled_from([1.0, 1.0, 2.0])),
+                **({"memory_bytes": memory} if memory else {})} for i in range(count)]
+    network = {"latency_us": draw(st.sampled_from([0, 5, 134])),
+               "bandwidth_gbps": draw(st.sampled_from([0.01, 5.7, 150])),
+               "mode": draw(st.sampled_from(["sequential", "parallel"]))}
+    return {"devices": devices, "network": network}
+
+
+def check_plan(doc: dict, cluster: dict, plan) -> None:
+    """Every invariant a returned plan must satisfy."""
+    names = {o["name"] for o in doc["ops"]}
+    assert set(plan.placement) == names
+    assert sorted(n for order in plan.order.values() for n in order) == sorted(names)
+    est = plan.estimate
+    assert est.memory_ok
+    for device in cluster["devices"]:
+        limit = device.get("memory_bytes")
+        assert limit is None or est.peak_memory_bytes[device["name"]] <= limit
+    group_device: dict[str, str] = {}
+    for o in doc["ops"]:
+        if "colocation_group" in o:
+            d = group_device.setdefault(o["colocation_group"], plan.placement[o["name"]])
+            assert plan.placement[o["name"]] == d
+    assert est.step_time_us >= est.lower_bound_us * (1 - 1e-9)
+    assert simulate(doc, plan.model_dump()) == est  # the reported estimate IS the replay
+
+
+@pytest.mark.parametrize("algorithm", PLACERS)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(doc=dags(), cluster=clusters(), pipeline=st.booleans())
+def test_plans_respect_every_invariant(algorithm: str, doc: dict, cluster: dict,
+                                       pipeline: bool) -> None:
+    options = {"allow_single": False, "co_placement": pipeline, "fusion": pipeline}
+    unlimited = all("memory_bytes" not in d for d in cluster["devices"])
+    try:
+        plan = place(doc, cluster, algorithm, options)
+    except InfeasiblePlacement as exc:
+        assert not unlimited, "with unlimited memory a plan always exists"
+        assert "bytes" in exc.message
+        return
+    check_plan(doc, cluster, plan)
+
+
+@settings(max_examples=60, deadline=None)
+@given(doc=dags(), cluster=clusters())
+def test_etf_schedule_is_the_simulators_in_parallel_mode(doc: dict, cluster: dict) -> None:
+    cluster = {"devices": [{k: v for k, v in d.items() if k != "memory_bytes"}
+                           for d in cluster["devices"]],
+               "network": {**cluster["network"], "mode": "parallel"}}
+    options = {"allow_single": False, "co_placement": False, "fusion": False}
+    plan = place(doc, cluster, "m-etf", options)
+    assert plan.stats["placer_step_time_us"] == pytest.approx(plan.estimate.step_time_us,
+                                                              rel=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(doc=dags(), cluster=clusters())
+def test_never_worse_than_one_device(doc: dict, cluster: dict) -> None:
+    try:
+        plan = place(doc, cluster, "m-etf")
+    except InfeasiblePlacement:
+        return
+    est = plan.estimate
+    if est.single_device_fits:
+        assert est.step_time_us <= est.single_device_us * (1 + 1e-12)
+
+
+def test_independent_ops_spread_over_devices() -> None:
+    doc = graph_doc([op(f"o{i}", 100) for i in range(4)])
+    plan = place(doc, two_devices(count=4), "m-etf")
+    assert sorted(plan.placement.values()) == ["/GPU:0", "/GPU:1", "/GPU:2", "/GPU:3"]
+    assert plan.estimate.step_time_us == 100
+
+
+def test_etf_breaks_ties_by_longest_remaining_path() -> None:
+    # one device: at t=0 both a and b are ready; b heads the longer chain so it goes first
+    doc = graph_doc([op("a", 10), op("b", 10), op("c", 50)], [edge("b", "c")])
+    plan = place(doc, {"devices": {"count": 1}}, "m-etf")
+    assert plan.order["/GPU:0"] == ["b", "a", "c"] or plan.order["/GPU:0"] == ["b", "c", "a"]
+    assert plan.order["/GPU:0"][0] == "b"
+
+
+def test_memory_limits_force_a_split() -> None:
+    # each op holds 600 bytes of weights; one device holds 1000
+    doc = graph_doc([op(f"o{i}", 10, persistent_bytes=600) for i in range(3)],
+                    [edge("o0", "o1", 10), edge("o1", "o2", 10)])
+    for algorithm in ("m-topo", "m-etf"):
+        plan = place(doc, two_devices(count=3, memory=1000), algorithm)
+        assert len(set(plan.placement.values())) == 3
+        assert plan.estimate.memory_ok
+
+
+def test_infeasible_says_what_does_not_fit() -> None:
+    doc = graph_doc([op("big", 10, persistent_bytes=5000), op("small", 1)])
+    with pytest.raises(InfeasiblePlacement) as info:
+        place(doc, two_devices(memory=1000), "m-etf")
+    assert "'big'" in info.value.message
+    assert info.value.details["missing_bytes"] == 4000
+    assert info.value.details["graph_needs_bytes"] >= 5000
+
+
+def test_pins_are_honoured_and_checked() -> None:
+    doc = graph_doc([op("a", 10, device="/GPU:1"), op("b", 10)], [edge("a", "b", 1)])
+    for algorithm in PLACERS:
+        assert place(doc, two_devices(), algorithm).placement["a"] == "/GPU:1"
+    with pytest.raises(InvalidRequest, match="'a'.device: pinned to '/GPU:7'"):
+        place(graph_doc([op("a", device="/GPU:7")]), two_devices(), "m-etf")
+
+
+def test_unknown_algorithm_and_options() -> None:
+    doc = graph_doc([op("a")])
+    with pytest.raises(InvalidRequest, match="unknown algorithm 'magic'"):
+        place(doc, two_devices(), "magic")
+    with pytest.raises(InvalidRequest, match="options: turbo"):
+        place(doc, two_devices(), "m-etf", {"turbo": True})
+
+
+def test_empty_graph() -> None:
+    plan = place(graph_doc([]), two_devices(), "m-etf")
+    assert plan.placement == {} and plan.estimate.step_time_us == 0
+    assert not math.isnan(plan.estimate.lower_bound_us)
