@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from baechi.algorithms.base import Algorithm, Assignment, Problem
 from baechi.algorithms.etf import place_etf
+from baechi.algorithms.sct import place_sct
 from baechi.algorithms.single import place_single
 from baechi.algorithms.topo import place_topo
 from baechi.errors import InvalidRequest
@@ -16,6 +17,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "single": place_single,
     "m-topo": place_topo,
     "m-etf": place_etf,
+    "m-sct": place_sct,
 }
 
 

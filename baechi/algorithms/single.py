@@ -32,5 +32,5 @@ def place_single(problem: Problem) -> Assignment:
     raise InfeasiblePlacement(
         f"single: the whole graph needs {best_peak} bytes at its peak; no device holds it "
         f"(largest: {max(problem.budget):.0f} bytes)",
-        {"needed_bytes": best_peak},
+        {"graph_needs_bytes": best_peak, "missing_bytes": int(best_peak - max(problem.budget))},
     )

@@ -1,0 +1,84 @@
+"""m-SCT: the favourite-child LP on graphs whose answer is known by hand, and STG optima."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import DATA, SHARED, needs_shared
+from helpers import edge, graph_doc, op
+
+from baechi import Cluster, load_graph, place
+from baechi.algorithms.base import Problem
+from baechi.algorithms.sct import favourite_children
+from baechi.grouping import colocation_units
+
+
+def _favourites(doc: dict, cluster: Cluster) -> list[str | None]:
+    g = load_graph(doc)
+    favourite, stats = favourite_children(Problem.of(g, cluster, colocation_units(g, cluster)))
+    assert stats["lp_variables"] == g.num_edges + len(g) + 1
+    return [g.names[f] if f >= 0 else None for f in favourite]
+
+
+def test_fork_favours_the_child_behind_the_expensive_edge() -> None:
+    doc = graph_doc([op("a"), op("b"), op("c")],
+                    [edge("a", "b", 10**6), edge("a", "c", 10)])
+    assert _favourites(doc, Cluster.uniform(2, latency_us=1, bandwidth_gbps=1)) == ["b", None, None]
+
+
+def test_join_gives_a_child_one_favourite_parent() -> None:
+    # b and c both feed d; only one of them can keep d as its favourite child
+    doc = graph_doc([op("b"), op("c"), op("d")], [edge("b", "d", 10**6), edge("c", "d", 10**3)])
+    fav = _favourites(doc, Cluster.uniform(2, latency_us=1, bandwidth_gbps=1))
+    assert fav == ["d", None, None]
+
+
+def test_chain_is_all_favourites() -> None:
+    doc = graph_doc([op(n) for n in "abcd"], [edge("a", "b", 100), edge("b", "c", 100),
+                                              edge("c", "d", 100)])
+    assert _favourites(doc, Cluster.uniform(2, latency_us=5)) == ["b", "c", "d", None]
+
+
+def test_chain_stays_on_one_device_under_sct() -> None:
+    doc = graph_doc([op(n, 10) for n in "abcd"], [edge("a", "b", 10**6), edge("b", "c", 10**6),
+                                                  edge("c", "d", 10**6)])
+    plan = place(doc, {"devices": {"count": 4}, "network": {"latency_us": 50}}, "m-sct",
+                 {"allow_single": False})
+    assert len(set(plan.placement.values())) == 1
+    assert plan.stats["favourite_children"] == 3
+
+
+def test_lp_timeout_falls_back_to_etf_and_says_so() -> None:
+    doc = json.loads((DATA / "graphs" / "stg50_rand0000.json").read_text())
+    plan = place(doc, {"devices": {"count": 4}}, "m-sct",
+                 {"allow_single": False, "time_limit_s": 1e-9})
+    assert "placed with m-etf" in plan.stats["fallback"]
+
+
+def _stg_cases() -> list[tuple[str, int, float]]:
+    folder = SHARED / "graphs" / "stg"
+    paths = sorted(folder.glob("*.json")) if folder.is_dir() else [DATA / "graphs" /
+                                                                   "stg50_rand0000.json"]
+    cases = []
+    for path in paths:
+        meta = json.loads(path.read_text())["meta"]["optimal_makespan_us"]
+        for count, best in meta.items():
+            cases.append((str(path), int(count), float(best[0])))
+    return cases
+
+
+@pytest.mark.parametrize("algorithm", ["m-etf", "m-sct"])
+@pytest.mark.parametrize(("path", "count", "optimum"), _stg_cases())
+def test_stg_within_a_few_percent_of_the_optimum(algorithm, path, count, optimum) -> None:
+    doc = json.loads(open(path).read())
+    plan = place(doc, {"devices": {"count": count}}, algorithm,
+                 {"allow_single": False, "co_placement": False, "fusion": False})
+    step = plan.estimate.step_time_us
+    assert step >= optimum * (1 - 1e-9), "below a proven lower bound: the simulator is wrong"
+    assert step <= optimum * 1.03
+
+
+@needs_shared
+def test_all_stg_graphs_are_used() -> None:
+    assert len(_stg_cases()) == 80
