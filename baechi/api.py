@@ -14,13 +14,13 @@ from typing import Any
 
 from baechi import __version__
 from baechi.algorithms import get_algorithm
-from baechi.algorithms.base import Assignment, Problem, Progress, no_progress
+from baechi.algorithms.base import Problem, Progress, no_progress
 from baechi.cluster import Cluster
 from baechi.errors import InfeasiblePlacement
 from baechi.graph import Graph, load_graph
 from baechi.grouping import Units, colocation_units
 from baechi.options import Options
-from baechi.pipeline import reduce_graph
+from baechi.pipeline import Reduction, reduce_graph
 from baechi.plan import GraphInfo, Plan, PlanRequest
 from baechi.simulate import Simulation, replay, trace
 
@@ -70,20 +70,45 @@ def place(
     cluster_json = cluster.to_json() if isinstance(cluster, Cluster) else cluster
     cluster = Cluster.parse(cluster)
     options = Options.parse(options)
-    place_fn = get_algorithm(algorithm)
+    get_algorithm(algorithm)  # an unknown name fails before any work
     report("validate", 0.0)
     graph = load_graph(graph)
     phases: dict[str, float] = {"validate": time.perf_counter() - started}
 
+    _check_units_fit(graph, cluster, colocation_units(graph, cluster, options.forward_only))
+    stats: dict[str, Any] = {"memory_retries": 0}
+    try:
+        reduction, simulation = _place_reduced(
+            graph, cluster, algorithm, options, report, phases, stats)
+    except InfeasiblePlacement:
+        if not (options.co_placement or options.fusion):
+            raise
+        # Merged units can strand memory; the unreduced graph gives the placer every choice.
+        reduction, simulation = _place_reduced(
+            graph, cluster, algorithm, options.without_pipeline(), report, phases, stats)
+        stats["fallback"] = ("the reduced graph did not fit in memory; "
+                             "placed the unreduced graph instead")
+    stats["nodes"] = reduction.nodes
+    if algorithm != "single" and options.allow_single:
+        simulation = _prefer_single(graph, cluster, options, simulation, stats)
+    stats["placement_seconds"] = time.perf_counter() - started
+    stats["phases"] = phases
+    stats["nodes_placed"] = reduction.nodes[-1]["nodes"] if reduction.nodes else len(graph)
+    report("done", 1.0)
+    return _plan(graph, cluster, cluster_json, algorithm, options, simulation, stats)
+
+
+def _place_reduced(
+    graph: Graph, cluster: Cluster, algorithm: str, options: Options, report: Progress,
+    phases: dict[str, float], stats: dict[str, Any],
+) -> tuple[Reduction, Simulation]:
+    """Reduce, place and simulate; re-place with tighter budgets while memory overshoots."""
     reduction = reduce_graph(graph, cluster, options, phases)
-    _check_units_fit(graph, cluster, reduction.units if reduction.members is None else
-                     colocation_units(graph, cluster, options.forward_only))
     problem = Problem.of(
         reduction.graph, cluster, reduction.units,
         time_limit_s=options.time_limit_s, progress=report,
     )
-    stats: dict[str, Any] = {"nodes": reduction.nodes, "memory_retries": 0}
-    simulation: Simulation | None = None
+    place_fn = get_algorithm(algorithm)
     for attempt in range(MEMORY_RETRIES + 1):
         tick = time.perf_counter()
         assignment = place_fn(problem)
@@ -94,23 +119,15 @@ def place(
         phases["simulate"] = phases.get("simulate", 0.0) + time.perf_counter() - tick
         over = _overshoot(simulation, cluster)
         if not over:
-            break
+            stats.update(assignment.stats)
+            return reduction, simulation
         if attempt == MEMORY_RETRIES:
             _raise_over_limit(graph, simulation, cluster, over, algorithm)
-        stats["memory_retries"] = attempt + 1
+        stats["memory_retries"] += 1
         for d, excess in over.items():
             problem.budget[d] -= excess * 1.05
         report("place", 0.0)
-    assert simulation is not None
-    stats.update(assignment.stats)
-
-    if algorithm != "single" and options.allow_single:
-        simulation = _prefer_single(graph, cluster, options, simulation, stats)
-    stats["placement_seconds"] = time.perf_counter() - started
-    stats["phases"] = phases
-    stats["nodes_placed"] = reduction.nodes[-1]["nodes"] if reduction.nodes else len(graph)
-    report("done", 1.0)
-    return _plan(graph, cluster, cluster_json, algorithm, options, simulation, stats)
+    raise AssertionError("unreachable")
 
 
 def _overshoot(simulation: Simulation, cluster: Cluster) -> dict[int, int]:
@@ -228,4 +245,4 @@ def _finite(value: Any) -> Any:
     return value
 
 
-__all__ = ["Assignment", "place"]
+__all__ = ["place"]

@@ -132,14 +132,15 @@ def summary(plan: Plan, estimate: Estimate, cluster: Cluster) -> str:
     lines += [
         f"step time      {_ms(e.step_time_us)}  (lower bound {_ms(e.lower_bound_us)}, "
         f"ratio {e.step_time_us / e.lower_bound_us if e.lower_bound_us else 1:.3f})",
-        f"single device  {_ms(e.single_device_us)}  (fits: {'yes' if e.single_device_fits else 'no'})"
-        f"  speedup {speedup:.3f}x",
+        f"single device  {_ms(e.single_device_us)}  "
+        f"(fits: {'yes' if e.single_device_fits else 'no'})  speedup {speedup:.3f}x",
         "peak memory",
     ]
     for device in cluster.devices:
         peak = e.peak_memory_bytes.get(device.name, 0)
-        flag = "" if device.memory_bytes is None or peak <= device.memory_bytes else "  OVER LIMIT"
-        lines.append(f"  {device.name:<12} {_bytes(peak):>12} / {_bytes(device.memory_bytes)}{flag}")
+        over = device.memory_bytes is not None and peak > device.memory_bytes
+        lines.append(f"  {device.name:<12} {_bytes(peak):>12} / {_bytes(device.memory_bytes)}"
+                     + ("  OVER LIMIT" if over else ""))
     lines.append(f"transfers      {e.transfers} ({_bytes(e.transfer_bytes)})")
     if "placement_seconds" in plan.stats:
         lines.append(f"placement      {plan.stats['placement_seconds']:.3f} s")

@@ -51,7 +51,7 @@ def parse_size(value: int | str) -> int:
     match = _SIZE.match(str(value))
     if not match or match.group(2).lower() not in _UNITS:
         raise ValueError(f"cannot read size {value!r}; write e.g. 8GiB, 512MiB, 2.5GB or bytes")
-    return int(round(float(match.group(1)) * _UNITS[match.group(2).lower()]))
+    return round(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
 class Device(BaseModel):

@@ -17,6 +17,7 @@ Decisions where DESIGN §4 leaves room (also in ARCHITECTURE.md):
 from __future__ import annotations
 
 import heapq
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -283,7 +284,7 @@ def check_orders(graph: Graph, orders: list[list[int]], device_names: list[str])
     n = len(graph)
     chain_next = [-1] * n
     for order in orders:
-        for a, b in zip(order, order[1:], strict=False):
+        for a, b in itertools.pairwise(order):
             chain_next[a] = b
     indegree = [len(ins) for ins in graph.in_edges]
     for b in chain_next:
@@ -292,7 +293,7 @@ def check_orders(graph: Graph, orders: list[list[int]], device_names: list[str])
 
     def successors(op: int) -> list[int]:
         succ = [graph.edge_dst[k] for k in graph.out_edges[op]]
-        return succ + [chain_next[op]] if chain_next[op] >= 0 else succ
+        return [*succ, chain_next[op]] if chain_next[op] >= 0 else succ
 
     ready = [i for i in range(n) if indegree[i] == 0]
     seen = 0

@@ -190,12 +190,24 @@ class ListScheduler:
             heapq.heappop(self.waiting[d])
 
     # ----------------------------------------------------------------- memory
+    def _pending_peak(self, unit: int) -> int:
+        """temp + output of the unit's biggest op not scheduled yet (0 when none is left)."""
+        members, i = self.by_size[unit], self.size_cursor[unit]
+        while i < len(members) and self.done[members[i]]:
+            i += 1
+        self.size_cursor[unit] = i
+        return self.op_size[members[i]] if i < len(members) else 0
+
     def _need(self, op: int, d: int) -> float:
+        """Bytes committing ``op`` on ``d`` adds, plus what ``d`` must keep free for the
+        biggest pending op of each unit already there (so a unit is not stranded)."""
         g = self.graph
-        need = g.temp_bytes[op] + g.output_bytes[op]
+        need = g.temp_bytes[op] + g.output_bytes[op] + self.reserved[d]
         unit = self.units.unit_of[op]
         if self.unit_device[unit] < 0:
-            need += self.unit_persistent[unit]
+            need += self.unit_persistent[unit] + self._pending_peak(unit)
+        else:
+            need -= self.unit_reserve[unit]
         for k in g.in_edges[op]:
             if not g.edge_control[k] and self.device_of[g.edge_src[k]] != d:
                 key = self._key(k, d)
@@ -241,6 +253,12 @@ class ListScheduler:
         self.unit_persistent = [
             sum(g.persistent_bytes[op] for op in ops) for ops in self.units.members
         ]
+        self.op_size = [g.temp_bytes[op] + g.output_bytes[op] for op in range(n)]
+        self.by_size = [sorted(ops, key=lambda op: -self.op_size[op])
+                        for ops in self.units.members]
+        self.size_cursor = [0] * len(self.units)
+        self.unit_reserve = [0] * len(self.units)  # bytes held back on the unit's device
+        self.reserved = [0] * n_dev
         self.device_of = [-1] * n
         self.end = [0.0] * n
         self.done = [False] * n
@@ -255,8 +273,10 @@ class ListScheduler:
         self.available: list[list[Any]] = [[] for _ in range(n_dev)]
         self.waiting: list[list[Any]] = [[] for _ in range(n_dev)]
         for unit, d in enumerate(self.unit_device):
-            if d >= 0:
+            if d >= 0:  # pinned
                 self.live[d] += self.unit_persistent[unit]
+                self.unit_reserve[unit] = self._pending_peak(unit)
+                self.reserved[d] += self.unit_reserve[unit]
         data_consumers = [
             sum(1 for k in g.out_edges[op] if not g.edge_control[k]) for op in range(n)
         ]
@@ -281,6 +301,10 @@ class ListScheduler:
             if self.unit_device[unit] < 0:
                 self.unit_device[unit] = d
                 self.live[d] += self.unit_persistent[unit]
+            self.done[op] = True
+            self.reserved[d] -= self.unit_reserve[unit]
+            self.unit_reserve[unit] = self._pending_peak(unit)
+            self.reserved[d] += self.unit_reserve[unit]
             ready, copy_bytes = self._book(op, d)
             start = max(self.device_free[d], ready)
             end = start + g.compute_us[op] / self.speed[d]
@@ -343,10 +367,11 @@ class ListScheduler:
         unless an urgent op (ready everywhere now, i.e. at the device's free time) exists."""
         favoured = []
         for best in bests:
-            start, neg_rank, topo, d, op = best
+            d, op = best[3], best[4]
             last = last_device[d]
             child = self.favourite_child[last] if last >= 0 else -1  # type: ignore[index]
-            if d not in no_favour and child >= 0 and child != op and not self.done[child] and not self._urgent(best):
+            waits = d not in no_favour and child >= 0 and child != op and not self.done[child]
+            if waits and not self._urgent(best):
                 ready_here = self._candidate_start(child, d)
                 if ready_here is not None:
                     favoured.append((ready_here, -self.rank[child], self.topo_index[child], d,

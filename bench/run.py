@@ -1,0 +1,242 @@
+"""Benchmarks: placement speed and plan quality on ../shared/graphs, written to BENCHMARKS.md.
+
+Usage::
+
+    python bench/run.py [--shared ../shared] [--quick] [--jobs 2]
+
+For every graph (all of baechi/, dnn-partitioning/, pipedream/ and a sample of stg/), on 4
+devices, two networks (PCIe as Baechi fitted it; NVLink-class), memory unlimited and at
+75/50/30% of the single-device peak (and the source's suggested memory where given), each
+algorithm with and without the reduction pipeline. Plans are the algorithms' own
+(``allow_single`` off), so a speedup below 1 shows where one device would have been better.
+Writes BENCHMARKS.md, bench/results.csv and bench/memory.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+NETWORKS = {
+    "pcie": {"latency_us": 134, "bandwidth_gbps": 5.7},
+    "nvlink": {"latency_us": 10, "bandwidth_gbps": 150},
+}
+ALGORITHMS = ("m-topo", "m-etf", "m-sct")
+FRACTIONS = (None, 0.75, 0.5, 0.3)
+DEVICES = 4
+
+
+def graphs(shared: Path, quick: bool) -> list[Path]:
+    root = shared / "graphs"
+    paths = sorted((root / "baechi").glob("*.json"))
+    paths += sorted((root / "dnn-partitioning").rglob("*.json"))
+    paths += sorted((root / "pipedream").glob("*.json"))
+    paths += sorted((root / "stg").glob("*.json"))[:: 5]
+    if quick:
+        paths = [p for p in paths if "training" in p.name or "baechi" in str(p)][:6]
+    return paths
+
+
+def single_peak(doc: dict[str, Any]) -> int:
+    from baechi import Cluster, load_graph
+    from baechi.simulate import trace
+
+    graph = load_graph(doc)
+    cluster = Cluster.uniform(1)
+    return trace(graph, cluster, [0] * len(graph), [graph.topo])[3][0].peak
+
+
+def run_graph(path: str, quick: bool) -> list[dict[str, Any]]:
+    from baechi import InfeasiblePlacement, place
+
+    doc = json.loads(Path(path).read_text())
+    peak = single_peak(doc)
+    memories: list[tuple[str, int | None]] = [
+        ("unlimited" if f is None else f"{int(f * 100)}%", None if f is None else int(peak * f))
+        for f in FRACTIONS
+    ]
+    suggested = doc.get("meta", {}).get("suggested_memory_bytes")
+    if suggested:
+        memories.append(("suggested", int(suggested)))
+    rows = []
+    for net_name, network in NETWORKS.items():
+        for mem_name, memory in memories:
+            devices: dict[str, Any] = {"count": DEVICES}
+            if memory is not None:
+                devices["memory_bytes"] = memory
+            cluster = {"devices": devices, "network": network}
+            for algorithm in ALGORITHMS:
+                for pipeline in (True, False):
+                    if quick and not pipeline:
+                        continue
+                    options = {"allow_single": False, "co_placement": pipeline,
+                               "fusion": pipeline}
+                    row = {"graph": Path(path).stem, "group": Path(path).parent.name,
+                           "ops": len(doc["ops"]), "network": net_name, "memory": mem_name,
+                           "memory_bytes": memory, "algorithm": algorithm,
+                           "pipeline": pipeline, "single_peak": peak}
+                    tick = time.perf_counter()
+                    try:
+                        plan = place(doc, cluster, algorithm, options)
+                    except InfeasiblePlacement as exc:
+                        row.update(status="infeasible", seconds=time.perf_counter() - tick,
+                                   reason=exc.message[:120])
+                        rows.append(row)
+                        continue
+                    e = plan.estimate
+                    assert e is not None
+                    used = max(e.peak_memory_bytes.values())
+                    row.update(
+                        status="ok", seconds=plan.stats["placement_seconds"],
+                        nodes=plan.stats["nodes_placed"], step_us=e.step_time_us,
+                        lower_bound_us=e.lower_bound_us, single_us=e.single_device_us,
+                        ratio_lb=e.step_time_us / e.lower_bound_us if e.lower_bound_us else 1,
+                        speedup=e.single_device_us / e.step_time_us if e.step_time_us else 1,
+                        peak_over_limit=(used / memory) if memory else None,
+                    )
+                    rows.append(row)
+    return rows
+
+
+def geomean(values: list[float]) -> float:
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
+    out = [
+        "# Benchmarks",
+        "",
+        f"Generated by `{command}` in {elapsed:.0f} s on {platform.machine()}, "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}. "
+        f"{DEVICES} devices; networks: PCIe = Baechi's fit (134 µs, 5.7 GB/s), "
+        "NVLink-class = 10 µs, 150 GB/s; both in sequential mode (one channel per device). "
+        "Memory limits are fractions of the graph's single-device peak under the cost model "
+        "(DESIGN §4). Plans are the algorithms' own (`allow_single` off): a speedup below 1 "
+        "is where one device would have been faster — the service then returns the "
+        "single-device plan by default. Step times and peaks are the simulator's.",
+        "",
+        "## Summary per setting",
+        "",
+        "Feasible = plans within memory / runs; ratios are geometric means over the feasible "
+        "runs; seconds are medians.",
+        "",
+        "| network | memory | algorithm | pipeline | feasible | step / lower bound | "
+        "speedup vs 1 device | placement s (median) | max s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    keys = sorted({(r["network"], r["memory"], r["algorithm"], r["pipeline"]) for r in rows},
+                  key=lambda k: (k[0], ["unlimited", "75%", "50%", "30%", "suggested"].index(k[1]),
+                                 k[2], not k[3]))
+    for key in keys:
+        group = [r for r in rows
+                 if (r["network"], r["memory"], r["algorithm"], r["pipeline"]) == key]
+        ok = [r for r in group if r["status"] == "ok"]
+        secs = [r["seconds"] for r in group]
+        out.append(
+            f"| {key[0]} | {key[1]} | {key[2]} | {'on' if key[3] else 'off'} | "
+            f"{len(ok)}/{len(group)} | {geomean([r['ratio_lb'] for r in ok]):.3f} | "
+            f"{geomean([r['speedup'] for r in ok]):.3f} | {statistics.median(secs):.3f} | "
+            f"{max(secs):.2f} |"
+        )
+    out += ["", "## Every run", "",
+            "| graph | ops | network | memory | algorithm | pipeline | nodes | seconds | "
+            "step ms | / lower bound | speedup | peak / limit | status |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["status"] == "ok":
+            peak = f"{r['peak_over_limit']:.2f}" if r["peak_over_limit"] is not None else "–"
+            out.append(
+                f"| {r['graph']} | {r['ops']} | {r['network']} | {r['memory']} | "
+                f"{r['algorithm']} | {'on' if r['pipeline'] else 'off'} | {r['nodes']} | "
+                f"{r['seconds']:.3f} | {r['step_us'] / 1000:.3f} | {r['ratio_lb']:.3f} | "
+                f"{r['speedup']:.3f} | {peak} | ok |"
+            )
+        else:
+            out.append(
+                f"| {r['graph']} | {r['ops']} | {r['network']} | {r['memory']} | "
+                f"{r['algorithm']} | {'on' if r['pipeline'] else 'off'} | – | "
+                f"{r['seconds']:.3f} | – | – | – | – | infeasible |"
+            )
+    return "\n".join(out) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    chosen = [g for g in ("gnmt_baechi", "resnet50_training_operator",
+                          "bert_l-12_training_operator", "pipedream_nasnetalarge")
+              if any(r["graph"] == g for r in rows)]
+    fig, axes = plt.subplots(1, max(1, len(chosen)), figsize=(4.2 * max(1, len(chosen)), 3.6))
+    axes = axes if hasattr(axes, "__len__") else [axes]
+    levels = ["30%", "50%", "75%", "unlimited"]
+    for ax, graph in zip(axes, chosen, strict=False):
+        for algorithm in ALGORITHMS:
+            ys = []
+            for level in levels:
+                match = [r for r in rows if r["graph"] == graph and r["memory"] == level
+                         and r["algorithm"] == algorithm and r["pipeline"]
+                         and r["network"] == "nvlink" and r["status"] == "ok"]
+                ys.append(match[0]["step_us"] / 1000 if match else float("nan"))
+            ax.plot(levels, ys, marker="o", label=algorithm)
+        single = [r["single_us"] for r in rows if r["graph"] == graph and "single_us" in r]
+        if single:
+            ax.axhline(single[0] / 1000, color="grey", linestyle="--", label="1 device")
+        ax.set_title(graph, fontsize=9)
+        ax.set_xlabel("memory per device (of 1-device peak)")
+        ax.set_ylabel("step time (ms)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Step time against per-device memory (4 devices, NVLink-class, pipeline on)",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shared", default=str(ROOT.parent / "shared"))
+    parser.add_argument("--quick", action="store_true", help="a few graphs, pipeline on only")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--output", default=str(ROOT / "BENCHMARKS.md"))
+    args = parser.parse_args()
+    paths = graphs(Path(args.shared), args.quick)
+    if not paths:
+        print(f"no graphs under {args.shared}/graphs", file=sys.stderr)
+        return 2
+    tick = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for i, result in enumerate(pool.map(run_graph, map(str, paths),
+                                            [args.quick] * len(paths))):
+            rows.extend(result)
+            print(f"[{i + 1}/{len(paths)}] {paths[i].stem}", file=sys.stderr)
+    elapsed = time.perf_counter() - tick
+    command = "python bench/run.py" + (" --quick" if args.quick else "")
+    Path(args.output).write_text(markdown(rows, command, elapsed))
+    with open(ROOT / "bench" / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
+        writer.writeheader()
+        writer.writerows(rows)
+    plot(rows, ROOT / "bench" / "memory.png")
+    print(f"wrote {args.output}, bench/results.csv, bench/memory.png in {elapsed:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
