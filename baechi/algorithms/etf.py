@@ -296,7 +296,7 @@ class ListScheduler:
             if choice is None:
                 choice = self._force()
                 forced += 1
-            start_hint, op, d = choice
+            _, op, d = choice
             unit = self.units.unit_of[op]
             if self.unit_device[unit] < 0:
                 self.unit_device[unit] = d
