@@ -352,9 +352,17 @@ class ListScheduler:
             if self.favourite_child is not None:
                 bests = self._favour(bests, last_device, no_favour)
             start, _, _, d, op = choice = min(bests)
+            is_top = choice[4] == self._best(d)[4]  # type: ignore[index]
+            if self.sequential and is_top:
+                # channels got busier since the op was offered: re-key it and choose again
+                ready = self.data_ready(op, d)
+                if max(ready, self.device_free[d]) > start:
+                    self._drop(d, op)
+                    self._push(op, d, ready)
+                    continue
             if self.live[d] + self._need(op, d) <= budget[d] or math.isinf(budget[d]):
                 return start, op, d
-            if choice[4] != self._best(d)[4]:  # type: ignore[index]
+            if not is_top:
                 no_favour.add(d)  # the favourite child does not fit: let the device choose
                 continue
             self._drop(d, op)
