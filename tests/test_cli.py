@@ -1,0 +1,80 @@
+"""The ``baechi`` command: summaries, plans on disk, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from helpers import edge, graph_doc, op
+
+from baechi.cli import main
+
+GNMT = ROOT / "examples" / "graphs" / "gnmt_baechi.json"
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    """The real console entry point in a child process, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "baechi.cli", *args], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+
+
+def test_readme_main_job_places_the_bundled_graph(tmp_path: Path) -> None:
+    plan_path = tmp_path / "plan.json"
+    result = run("place", str(GNMT), "--devices", "4", "--latency-us", "134",
+                 "--bandwidth-gbps", "5.7", "-o", str(plan_path))
+    assert result.returncode == 0, result.stderr
+    for line in ("step time", "lower bound", "single device", "speedup", "peak memory",
+                 "transfers", "placement", "reduction"):
+        assert line in result.stdout
+    plan = json.loads(plan_path.read_text())
+    assert plan["format"] == "baechi.plan/v1" and len(plan["placement"]) == 2494
+    assert not list(tmp_path.glob("*.partial"))
+    replay = run("simulate", str(GNMT), str(plan_path), "--json")
+    assert replay.returncode == 0, replay.stderr
+    estimate = json.loads(replay.stdout[replay.stdout.index("{"):])
+    assert estimate == plan["estimate"]
+
+
+@pytest.mark.parametrize("algorithm", ["single", "m-topo", "m-etf", "m-sct"])
+def test_every_algorithm_from_the_cli(tmp_path: Path, algorithm: str, capsys) -> None:
+    graph = tmp_path / "g.json"
+    graph.write_text(json.dumps(graph_doc([op("a", 5), op("b", 5), op("c", 5)],
+                                          [edge("a", "b", 10), edge("a", "c", 10)])))
+    assert main(["place", str(graph), "--devices", "2", "--algorithm", algorithm,
+                 "--comm", "parallel", "--no-single"]) == 0
+    assert f"algorithm      {algorithm} on 2 devices" in capsys.readouterr().out
+
+
+def test_invalid_input_exits_2_with_one_line(tmp_path: Path) -> None:
+    graph = tmp_path / "bad.json"
+    graph.write_text(json.dumps(graph_doc([op("a", -3)])))
+    result = run("place", str(graph))
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "op 'a' (ops[0]).compute_us" in result.stderr and "Traceback" not in result.stderr
+    result = run("place", str(GNMT), "--memory", "lots")
+    assert result.returncode == 2 and "cannot read size 'lots'" in result.stderr
+
+
+def test_infeasible_exits_3_and_says_what_is_missing(tmp_path: Path) -> None:
+    graph = tmp_path / "g.json"
+    graph.write_text(json.dumps(graph_doc([op("w", 1, persistent_bytes=3 * 2**20)])))
+    result = run("place", str(graph), "--devices", "2", "--memory", "1MiB")
+    assert result.returncode == 3
+    assert "op 'w' needs 3145728 bytes" in result.stderr and "bytes missing" in result.stderr
+
+
+def test_simulate_rejects_an_invalid_plan(tmp_path: Path) -> None:
+    graph = tmp_path / "g.json"
+    graph.write_text(json.dumps(graph_doc([op("a"), op("b")], [edge("a", "b")])))
+    plan = tmp_path / "p.json"
+    plan.write_text(json.dumps({
+        "format": "baechi.plan/v1",
+        "request": {"algorithm": "hand", "cluster": {"devices": {"count": 1}}},
+        "placement": {"a": "/GPU:0", "b": "/GPU:0"}, "order": {"/GPU:0": ["b", "a"]}}))
+    result = run("simulate", str(graph), str(plan))
+    assert result.returncode == 2 and "inconsistent order" in result.stderr
