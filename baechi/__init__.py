@@ -10,9 +10,9 @@
 
 __version__ = "0.1.0"
 
-from baechi.api import place  # noqa: E402
-from baechi.cluster import Cluster, Device, Network, parse_size  # noqa: E402
-from baechi.errors import (  # noqa: E402
+from baechi.api import place
+from baechi.cluster import Cluster, Device, Network, parse_size
+from baechi.errors import (
     InfeasiblePlacement,
     InvalidCluster,
     InvalidGraph,
@@ -21,10 +21,10 @@ from baechi.errors import (  # noqa: E402
     PlacementError,
     SolverTimeout,
 )
-from baechi.graph import Graph, load_graph  # noqa: E402
-from baechi.options import Options  # noqa: E402
-from baechi.plan import Estimate, Plan  # noqa: E402
-from baechi.simulate import Simulation, simulate, simulate_plan  # noqa: E402
+from baechi.graph import Graph, load_graph
+from baechi.options import Options
+from baechi.plan import Estimate, Plan
+from baechi.simulate import Simulation, simulate, simulate_plan
 
 __all__ = [
     "Cluster",

@@ -89,6 +89,7 @@ def place(
         stats["fallback"] = ("the reduced graph did not fit in memory; "
                              "placed the unreduced graph instead")
     stats["nodes"] = reduction.nodes
+    stats["reduction"] = reduction.stats
     if algorithm != "single" and options.allow_single:
         simulation = _prefer_single(graph, cluster, options, simulation, stats)
     stats["placement_seconds"] = time.perf_counter() - started
@@ -125,7 +126,9 @@ def _place_reduced(
             _raise_over_limit(graph, simulation, cluster, over, algorithm)
         stats["memory_retries"] += 1
         for d, excess in over.items():
-            problem.budget[d] -= excess * 1.05
+            # the placer's memory model can be off by more than the overshoot it was told
+            limit = cluster.devices[d].memory_bytes or 0
+            problem.budget[d] -= max(excess * 1.05, 0.02 * limit)
         report("place", 0.0)
     raise AssertionError("unreachable")
 

@@ -121,7 +121,9 @@ def summary(plan: Plan, estimate: Estimate, cluster: Cluster) -> str:
     ]
     nodes = plan.stats.get("nodes")
     if nodes:
-        lines.append("reduction      " + " -> ".join(f"{n['nodes']} ({n['phase']})" for n in nodes))
+        lines.append("reduction      " + " -> ".join(
+            f"{n['nodes']} ({n['phase']})" if n.get("units", n["nodes"]) == n["nodes"]
+            else f"{n['nodes']} nodes in {n['units']} units ({n['phase']})" for n in nodes))
     if plan.stats.get("chose_single"):
         lines.append(
             f"note           single device is faster than {plan.request.algorithm}'s plan "

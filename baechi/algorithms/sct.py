@@ -115,6 +115,10 @@ def favourite_children(problem: Problem) -> tuple[list[int], dict[str, Any]]:
         raise TimeoutError(f"building the LP took {built - tick:.3g} s, the whole time limit")
     solver.SetTimeLimit(max(1, int(remaining * 1000)))
     status = solver.Solve()
+    if status == pywraplp.Solver.ABNORMAL:
+        # GLOP's presolve gives up on some LPs (gnmt_baechi after fusion); without it they solve
+        solver.SetSolverSpecificParametersAsString(GLOP_PARAMETERS + ", use_preprocessing: false")
+        status = solver.Solve()
     solved = time.perf_counter()
     if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
         raise TimeoutError(f"GLOP status {status} after {solved - built:.1f} s")
