@@ -77,17 +77,23 @@ def place(
 
     _check_units_fit(graph, cluster, colocation_units(graph, cluster, options.forward_only))
     stats: dict[str, Any] = {"memory_retries": 0}
+    reduced = options.co_placement or options.fusion
     try:
         reduction, simulation = _place_reduced(
             graph, cluster, algorithm, options, report, phases, stats)
     except InfeasiblePlacement:
-        if not (options.co_placement or options.fusion):
+        if not reduced:
             raise
         # Merged units can strand memory; the unreduced graph gives the placer every choice.
         reduction, simulation = _place_reduced(
             graph, cluster, algorithm, options.without_pipeline(), report, phases, stats)
         stats["fallback"] = ("the reduced graph did not fit in memory; "
                              "placed the unreduced graph instead")
+    else:
+        if reduced and options.portfolio:
+            reduction, simulation = _keep_faster(
+                graph, cluster, algorithm, options, report, phases, stats, reduction,
+                simulation)
     stats["nodes"] = reduction.nodes
     stats["reduction"] = reduction.stats
     if algorithm != "single" and options.allow_single:
@@ -131,6 +137,35 @@ def _place_reduced(
             problem.budget[d] -= max(excess * 1.05, 0.02 * limit)
         report("place", 0.0)
     raise AssertionError("unreachable")
+
+
+def _keep_faster(
+    graph: Graph, cluster: Cluster, algorithm: str, options: Options, report: Progress,
+    phases: dict[str, float], stats: dict[str, Any], reduction: Reduction,
+    simulation: Simulation,
+) -> tuple[Reduction, Simulation]:
+    """Also place the unreduced graph; keep whichever plan is predicted faster.
+
+    Fused nodes are all-or-nothing in the placer's timing; on graphs with much parallelism
+    inside fused nodes (NASNet) the unreduced plan is faster.
+    """
+    unreduced_stats: dict[str, Any] = {"memory_retries": 0}
+    try:
+        raw, raw_simulation = _place_reduced(
+            graph, cluster, algorithm, options.without_pipeline(), report, phases,
+            unreduced_stats)
+    except InfeasiblePlacement:
+        return reduction, simulation
+    stats["portfolio_step_times_us"] = {
+        "reduced": simulation.estimate.step_time_us,
+        "unreduced": raw_simulation.estimate.step_time_us,
+    }
+    if raw_simulation.estimate.step_time_us < simulation.estimate.step_time_us:
+        stats.update(unreduced_stats)
+        stats["portfolio_choice"] = "unreduced"
+        return raw, raw_simulation
+    stats["portfolio_choice"] = "reduced"
+    return reduction, simulation
 
 
 def _overshoot(simulation: Simulation, cluster: Cluster) -> dict[int, int]:

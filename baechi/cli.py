@@ -90,6 +90,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         options["forward_only"] = False
     if args.no_single:
         options["allow_single"] = False
+    if args.portfolio:
+        options["portfolio"] = True
     if args.time_limit is not None:
         options["time_limit_s"] = args.time_limit
     return options
@@ -129,6 +131,10 @@ def summary(plan: Plan, estimate: Estimate, cluster: Cluster) -> str:
             f"note           single device is faster than {plan.request.algorithm}'s plan "
             f"({_ms(plan.stats['algorithm_step_time_us'])}): returning it"
         )
+    if plan.stats.get("portfolio_choice"):
+        times = plan.stats["portfolio_step_times_us"]
+        lines.append(f"portfolio      reduced {_ms(times['reduced'])}, unreduced "
+                     f"{_ms(times['unreduced'])}: kept the {plan.stats['portfolio_choice']} plan")
     if plan.stats.get("fallback"):
         lines.append(f"note           {plan.stats['fallback']}")
     lines += [
@@ -226,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-forward-only", action="store_true")
     p.add_argument("--no-single", action="store_true",
                    help="never fall back to the single-device plan")
+    p.add_argument("--portfolio", action="store_true",
+                   help="also place the unreduced graph and keep the faster plan")
     p.add_argument("--time-limit", type=float, default=None, metavar="S",
                    help="solver time limit in seconds")
     p.set_defaults(func=cmd_place)

@@ -17,7 +17,8 @@ class Options(BaseModel):
     """Switches of the reduction pipeline and limits of the placer.
 
     Every pipeline step is on by default; ``allow_single`` returns the single-device plan
-    when it fits and is predicted faster than the algorithm's plan.
+    when it fits and is predicted faster than the algorithm's plan; ``portfolio`` also places
+    the unreduced graph and keeps the faster of the two plans.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -26,6 +27,8 @@ class Options(BaseModel):
     fusion: StrictBool = True
     forward_only: StrictBool = True
     allow_single: StrictBool = True
+    #: Also place the unreduced graph and keep the faster plan (about twice the time).
+    portfolio: StrictBool = False
     time_limit_s: float = Field(default=DEFAULT_TIME_LIMIT_S, gt=0, le=86400, allow_inf_nan=False)
 
     @classmethod

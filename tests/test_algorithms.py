@@ -163,3 +163,16 @@ def test_empty_graph() -> None:
     plan = place(graph_doc([]), two_devices(), "m-etf")
     assert plan.placement == {} and plan.estimate.step_time_us == 0
     assert not math.isnan(plan.estimate.lower_bound_us)
+
+
+@settings(max_examples=30, deadline=None)
+@given(doc=dags(), cluster=clusters())
+def test_portfolio_keeps_the_faster_of_reduced_and_unreduced(doc: dict, cluster: dict) -> None:
+    plans = []
+    for options in ({}, {"co_placement": False, "fusion": False}, {"portfolio": True}):
+        try:
+            plans.append(place(doc, cluster, "m-etf", {"allow_single": False, **options}))
+        except InfeasiblePlacement:
+            return
+    reduced, unreduced, portfolio = (p.estimate.step_time_us for p in plans)
+    assert portfolio == min(reduced, unreduced) or "fallback" in plans[0].stats
