@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from baechi import __version__
-from baechi.algorithms import ALGORITHMS
+from baechi.algorithms import ALGORITHMS, DEFAULT_ALGORITHM
 from baechi.api import place
 from baechi.cluster import Cluster
 from baechi.errors import InvalidCluster, PlacementError
@@ -28,9 +28,6 @@ from baechi.simulate import simulate_plan
 
 #: Modules that add verbs (``register(subparsers)``); skipped when their extra is absent.
 PLUGINS = ("baechi.importers.cli", "service.cli", "client.cli")
-
-#: Algorithm used when ``--algorithm`` is not given.
-DEFAULT_ALGORITHM = "m-etf"
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:

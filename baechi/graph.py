@@ -22,7 +22,7 @@ from baechi.errors import InvalidGraph
 GRAPH_FORMAT = "baechi.graph/v1"
 
 NonNegativeTime = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
-NonNegativeBytes = Annotated[StrictInt, Field(ge=0)]
+NonNegativeBytes = Annotated[StrictInt, Field(ge=0, le=2**63 - 1)]
 
 
 class OpSpec(BaseModel):

@@ -12,6 +12,9 @@ from baechi.algorithms.single import place_single
 from baechi.algorithms.topo import place_topo
 from baechi.errors import InvalidRequest
 
+#: Algorithm used when a request or the CLI names none.
+DEFAULT_ALGORITHM = "m-etf"
+
 #: Algorithm name → function, as accepted by ``place`` and the API.
 ALGORITHMS: dict[str, Algorithm] = {
     "single": place_single,
@@ -32,4 +35,4 @@ def get_algorithm(name: str) -> Algorithm:
         ) from None
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "Assignment", "Problem", "get_algorithm"]
+__all__ = ["ALGORITHMS", "DEFAULT_ALGORITHM", "Algorithm", "Assignment", "Problem", "get_algorithm"]

@@ -1,0 +1,126 @@
+"""A placement's status: the record's when it ended, else what its RQ job says.
+
+The worker writes ``finished``/``failed`` to the record itself, and the API writes
+``canceled``. Everything RQ decides on its own — a job failed after its retry, abandoned by a
+SIGKILLed worker, or gone from Redis — is read from the job here and written back to the
+record, so the record ends up terminal whoever noticed first and outlives the RQ job.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rq.job import Job, JobStatus
+
+from service import jobs
+from service.settings import Settings
+from service.store import PlacementRecord, Store
+
+WORKER_DIED = "worker_died"
+TIMEOUT = "timeout"
+INTERNAL = "internal_error"
+LOST = "lost"
+#: A live record without an RQ job is "lost" only after this long: between saving the record
+#: and enqueueing its job, an identical concurrent request may already be reading it.
+ENQUEUE_GRACE_S = 30.0
+
+
+@dataclass
+class View:
+    """What ``GET /placements/{id}`` reports, before it is turned into JSON."""
+
+    record: PlacementRecord
+    status: str
+    progress: dict[str, Any]
+    error: dict[str, Any] | None
+    started_at: float | None
+    finished_at: float | None
+
+
+def describe_failure(exc_string: str, *, timeout_s: int | None = None,
+                     ran_s: float | None = None) -> dict[str, Any]:
+    """Turn RQ's failure text into the ``{code, message}`` a user can act on."""
+    text = exc_string or ""
+    if "AbandonedJobError" in text or "terminated unexpectedly" in text:
+        if timeout_s and ran_s is not None and ran_s >= timeout_s:
+            return {"code": TIMEOUT, "message": f"the placement exceeded its time limit of "
+                    f"{timeout_s} s and its worker had to kill it"}
+        return {"code": WORKER_DIED, "message": (
+            "the worker running this placement died (killed or crashed) on its last attempt; "
+            f"it was attempted {jobs.RETRIES + 1} times. Submit it again to retry"
+        )}
+    if "JobTimeoutException" in text:
+        return {"code": TIMEOUT, "message": f"the placement exceeded its time limit of "
+                f"{timeout_s} s" if timeout_s else "the placement exceeded its time limit"}
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else "unknown error"
+    return {"code": INTERNAL, "message": f"the placement crashed in the worker: {last[:500]}"}
+
+
+def resolve(store: Store, settings: Settings, record: PlacementRecord, job: Job | None) -> View:
+    """The current view of a placement, persisting any end RQ reached on its own."""
+    if record.terminal:
+        return _ended(record, job)
+    if job is None:
+        if time.time() - record.created_at < ENQUEUE_GRACE_S:
+            # Saved a moment ago and about to be enqueued (the API saves the record first).
+            return View(record, "queued", {"phase": "queued", "fraction": 0.0}, None, None, None)
+        error = {"code": LOST, "message": "the placement's job is no longer in Redis (was its "
+                 "data lost?); submit it again"}
+        return _persist_end(store, settings, record, job, "failed", error)
+    status = job.get_status(refresh=False)
+    if status == JobStatus.FAILED:
+        result = job.latest_result()
+        ran = (job.ended_at - job.started_at).total_seconds() \
+            if job.ended_at and job.started_at else None
+        error = describe_failure(result.exc_string if result else "", timeout_s=record.timeout_s,
+                                 ran_s=ran)
+        return _persist_end(store, settings, record, job, "failed", error)
+    if status in (JobStatus.STOPPED, JobStatus.CANCELED):
+        return _persist_end(store, settings, record, job, "canceled", None)
+    if status == JobStatus.FINISHED:
+        # The function writes the record before returning; getting here means it returned
+        # without doing so, which only a bug does.
+        error = {"code": INTERNAL, "message": "the worker finished without storing a plan"}
+        return _persist_end(store, settings, record, job, "failed", error)
+    started = record.started_at or _stamp(job.started_at)
+    if status == JobStatus.STARTED:
+        progress = jobs.progress(job) or {"phase": "starting", "fraction": 0.0}
+        return View(record, "running", progress, None, started, None)
+    return View(record, "queued", {"phase": "queued", "fraction": 0.0}, None, started, None)
+
+
+def _ended(record: PlacementRecord, job: Job | None) -> View:
+    if record.status == "finished":
+        progress: dict[str, Any] = {"phase": "done", "fraction": 1.0}
+    else:
+        last = jobs.progress(job) if job is not None else None
+        progress = {"phase": record.status,
+                    "fraction": float(last.get("fraction", 0.0)) if last else 0.0}
+    error = record.error
+    if error is not None:
+        error = {"code": error.get("code", INTERNAL), "message": error.get("message", ""),
+                 "details": error.get("details") or {}}
+    return View(record, record.status, progress, error, record.started_at, record.finished_at)
+
+
+def _persist_end(store: Store, settings: Settings, record: PlacementRecord, job: Job | None,
+                 status: str, error: dict[str, Any] | None) -> View:
+    finished = _stamp(job.ended_at) if job is not None and job.ended_at else time.time()
+    previous = store.transition(record.id, status, settings.result_ttl_s,
+                                finished_at=finished, error=error)
+    if previous in ("finished", "failed", "canceled"):
+        # Someone else ended it meanwhile (the worker, a cancel): report theirs.
+        fresh = store.get(record.id)
+        if fresh is not None:
+            return _ended(fresh, job)
+    record.status, record.error, record.finished_at = status, error, finished
+    if record.started_at is None and job is not None:
+        record.started_at = _stamp(job.started_at)
+    return _ended(record, job)
+
+
+def _stamp(value: Any) -> float | None:
+    return value.timestamp() if value is not None else None

@@ -1,0 +1,18 @@
+"""``python -m worker``: the same as ``baechi worker``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from service.cli import add_worker_arguments, cmd_worker
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker", description="Run a worker.")
+    add_worker_arguments(parser)
+    return cmd_worker(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

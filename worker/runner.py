@@ -1,0 +1,110 @@
+"""The worker process: an RQ forking worker on the placement queue, tuned to notice deaths.
+
+RQ's defaults notice a killed worker only after about ten minutes (heartbeat TTL of 90 s,
+maintenance every 600 s). :class:`PlacementWorker` shortens both from settings so a job whose
+worker was SIGKILLed is retried or failed well within two minutes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+
+from redis import Redis
+from rq import Worker
+from rq.job import Job, JobStatus
+from rq.queue import Queue
+
+from service import jobs
+from service.lifecycle import describe_failure
+from service.settings import Settings
+from service.store import Store
+
+
+class PlacementWorker(Worker):
+    """A forking RQ worker with short heartbeats and a failure hook for killed work horses."""
+
+    #: Seconds a running job's registry entry outlives its last heartbeat.
+    grace_s: int = 20
+
+    @property
+    def dequeue_timeout(self) -> int:
+        # An idle worker blocks on the queue this long; waking up often enough lets its
+        # maintenance (reaping abandoned jobs) run on time.
+        return max(1, min(self.worker_ttl - 15, self.maintenance_interval))
+
+    def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+        # RQ adds 60 s to the monitoring interval; a dead worker's job would then look alive
+        # for 90 s. Heartbeats come every interval, so a few seconds of grace are enough.
+        return self.job_monitoring_interval + self.grace_s
+
+    def maintain_heartbeats(self, job: Job, execution) -> None:
+        super().maintain_heartbeats(job, execution)
+        # RQ reaps abandoned jobs only between jobs; a worker busy with a long placement
+        # reaps too, so a dead peer's job is noticed even when every live worker is busy.
+        if self.should_run_maintenance_tasks:
+            self.clean_registries()
+
+    def handle_job_failure(self, job: Job, queue: Queue, started_job_registry=None,
+                           exc_string: str = "", execution=None) -> None:
+        super().handle_job_failure(job, queue, started_job_registry=started_job_registry,
+                                   exc_string=exc_string, execution=execution)
+        # A work horse killed by a signal (OOM killer, kill -9) fails here without RQ calling
+        # the job's failure callback; record it once the retry is spent.
+        if job.get_status(refresh=True) == JobStatus.FAILED:
+            from worker.jobs import record_failure
+
+            ran = (job.ended_at - job.started_at).total_seconds() \
+                if job.ended_at and job.started_at else None
+            record = Store(self.connection).get(job.id)
+            timeout = record.timeout_s if record is not None else None
+            record_failure(Store(self.connection), job.id,
+                           describe_failure(exc_string, timeout_s=timeout, ran_s=ran))
+
+
+def default_name() -> str:
+    """``{hostname}.{pid}``: unique per process, and lets a container find its own worker."""
+    return f"{socket.gethostname()}.{os.getpid()}"
+
+
+def preload() -> None:
+    """Import the engine before forking, so each work horse starts with it loaded."""
+    import baechi.algorithms  # noqa: F401
+    import worker.jobs  # noqa: F401
+
+
+def build_worker(settings: Settings, redis: Redis, queue_name: str | None = None,
+                 name: str | None = None) -> PlacementWorker:
+    queue = Queue(queue_name or settings.queue_name, connection=redis,
+                  serializer=jobs.SERIALIZER)
+    worker = PlacementWorker(
+        [queue],
+        name=name or default_name(),
+        connection=redis,
+        serializer=jobs.SERIALIZER,
+        worker_ttl=settings.worker_ttl_s,
+        job_monitoring_interval=settings.worker_heartbeat_s,
+        maintenance_interval=settings.worker_maintenance_s,
+        default_result_ttl=settings.result_ttl_s,
+    )
+    worker.grace_s = settings.worker_grace_s
+    return worker
+
+
+def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | None = None,
+               name: str | None = None, logging_level: str = "INFO") -> int:
+    """Run a worker until it is stopped (or, with ``burst``, until the queue is empty)."""
+    from service.connection import RedisUnavailable, connect
+
+    try:
+        redis = connect(settings.redis_url, check=True)
+    except RedisUnavailable as exc:
+        print(f"baechi worker: {exc}", file=sys.stderr)
+        return 1
+    preload()
+    worker = build_worker(settings, redis, queue_name, name)
+    logging.basicConfig(level=logging_level)
+    worker.work(burst=burst, logging_level=logging_level)
+    return 0
