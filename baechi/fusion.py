@@ -29,11 +29,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Any
 
 from baechi.cluster import Cluster
-from baechi.graph import GRAPH_FORMAT, EdgeSpec, Graph, GraphDoc, OpSpec, graph_sha256
+from baechi.graph import Graph
 from baechi.grouping import Units
 
 #: Neighbours the O(degree) tests may scan before falling back to the exact check.
@@ -295,73 +293,6 @@ def _merge(
 # ---------------------------------------------------------------------------- contraction
 
 
-class ContractedGraph(Graph):
-    """A :class:`Graph` built directly from indexed lists, without re-validation.
-
-    The contraction is valid by construction (unique names, known ops, acyclic), so the
-    pydantic document is only built if someone asks for it (:attr:`doc`, ``to_dict``).
-    """
-
-    def __init__(
-        self, name: str, meta: dict[str, Any], names: list[str], types: list[str],
-        compute_us: list[float], output_bytes: list[int], temp_bytes: list[int],
-        persistent_bytes: list[int], colocation_group: list[str | None], pin: list[str | None],
-        edge_src: list[int], edge_dst: list[int], edge_bytes: list[int], edge_tensor: list[str],
-        edge_control: list[bool],
-    ) -> None:
-        n = len(names)
-        self.name = name
-        self.meta = meta
-        self.names = names
-        self.index = {x: i for i, x in enumerate(names)}
-        self.types = types
-        self.compute_us = compute_us
-        self.output_bytes = output_bytes
-        self.temp_bytes = temp_bytes
-        self.persistent_bytes = persistent_bytes
-        self.colocation_group = colocation_group
-        self.pin = pin
-        self.forward_op = [-1] * n
-        self.edge_src = edge_src
-        self.edge_dst = edge_dst
-        self.edge_bytes = edge_bytes
-        self.edge_tensor = edge_tensor
-        self.edge_control = edge_control
-        self.out_edges = [[] for _ in range(n)]
-        self.in_edges = [[] for _ in range(n)]
-        for k, (s, d) in enumerate(zip(edge_src, edge_dst, strict=True)):
-            self.out_edges[s].append(k)
-            self.in_edges[d].append(k)
-        self.topo = self._canonical_order()
-
-    @cached_property
-    def doc(self) -> GraphDoc:  # type: ignore[override]
-        ops = [
-            OpSpec.model_construct(
-                name=self.names[i], type=self.types[i], compute_us=self.compute_us[i],
-                output_bytes=self.output_bytes[i], temp_bytes=self.temp_bytes[i],
-                persistent_bytes=self.persistent_bytes[i],
-                colocation_group=self.colocation_group[i], forward_op=None, device=self.pin[i],
-                attrs={},
-            )
-            for i in range(len(self.names))
-        ]
-        edges = [
-            EdgeSpec.model_construct(
-                src=self.names[s], dst=self.names[d], bytes=b, tensor=t, control=c
-            )
-            for s, d, b, t, c in zip(self.edge_src, self.edge_dst, self.edge_bytes,
-                                     self.edge_tensor, self.edge_control, strict=True)
-        ]
-        return GraphDoc.model_construct(
-            format=GRAPH_FORMAT, name=self.name, meta=self.meta, ops=ops, edges=edges
-        )
-
-    @cached_property
-    def sha256(self) -> str:  # type: ignore[override]
-        return graph_sha256(self.to_dict())
-
-
 def contract(
     graph: Graph, cluster: Cluster, units: Units, node_of: list[int], count: int
 ) -> Fusion:
@@ -497,9 +428,12 @@ def contract(
         e_tensor.append(tensor)
         e_control.append(control)
 
-    reduced = ContractedGraph(
-        graph.name, {"reduced_from": graph.sha256, "ops": n}, names, types, compute, output,
-        temp, persistent, group, pin, e_src, e_dst, e_bytes, e_tensor, e_control,
+    reduced = Graph(
+        name=graph.name, meta={"reduced_from": graph.sha256, "ops": n}, names=names,
+        types=types, compute_us=compute, output_bytes=output, temp_bytes=temp,
+        persistent_bytes=persistent, colocation_group=group, pin=pin,
+        forward_op=[-1] * len(names), edge_src=e_src, edge_dst=e_dst, edge_bytes=e_bytes,
+        edge_tensor=e_tensor, edge_control=e_control,
     )
     return Fusion(reduced, Units(node_unit, unit_members, unit_pin), node_of, members)
 

@@ -12,7 +12,6 @@ from pydantic.json_schema import models_json_schema
 
 from baechi import __version__
 from baechi.algorithms import ALGORITHMS
-from baechi.graph import GraphDoc
 from baechi.plan import Plan
 from service import errors, jobs
 from service.connection import connect
@@ -72,7 +71,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     schema = get_openapi(title=app.title, version=app.version, description=app.description,
                          routes=app.routes)
     _, defs = models_json_schema(
-        [(PlacementRequest, "validation"), (GraphDoc, "validation"), (Plan, "serialization")],
+        [(PlacementRequest, "validation"), (Plan, "serialization")],
         ref_template="#/components/schemas/{model}",
     )
     components = schema.setdefault("components", {}).setdefault("schemas", {})
