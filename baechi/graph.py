@@ -89,6 +89,7 @@ class Graph:
         edge_dst: list[int], edge_bytes: list[int], edge_tensor: list[str],
         edge_control: list[bool], attrs: list[dict[str, Any]] | None = None,
         sha256: str | None = None, index: dict[str, int] | None = None,
+        document: dict[str, Any] | None = None,
     ) -> None:
         n = len(names)
         self.name, self.meta, self.names = name, meta, names
@@ -101,6 +102,7 @@ class Graph:
         self.edge_tensor, self.edge_control = edge_tensor, edge_control
         self.attrs = attrs
         self._sha256 = sha256
+        self._document = document
         self.out_edges: list[list[int]] = [[] for _ in range(n)]
         self.in_edges: list[list[int]] = [[] for _ in range(n)]
         for k, (src, dst) in enumerate(zip(edge_src, edge_dst, strict=True)):
@@ -175,6 +177,7 @@ class Graph:
             edge_bytes=[e["bytes"] for e in edges], edge_tensor=edge_tensor,
             edge_control=[e.get("control", False) for e in edges],
             attrs=[op.get("attrs", {}) for op in ops], sha256=sha256, index=index,
+            document=data,
         )
 
     @property
@@ -240,7 +243,10 @@ class Graph:
         return longest
 
     def to_dict(self) -> dict[str, Any]:
-        """The graph as a ``baechi.graph/v1`` document (fields at their default omitted)."""
+        """The graph as a ``baechi.graph/v1`` document: the one it was loaded from, or one
+        built from the lists (fields at their default omitted); its hash is :attr:`sha256`."""
+        if self._document is not None:
+            return self._document
         ops = []
         for i, name in enumerate(self.names):
             op: dict[str, Any] = {"name": name, "compute_us": self.compute_us[i]}

@@ -1,0 +1,92 @@
+"""Baechi client: submit graphs to the placement service, profile and pin TensorFlow models.
+
+The five-line story (DESIGN §8)::
+
+    import client
+    graph = client.profile(model, x, y, loss, optimizer)              # TensorFlow
+    plan = client.BaechiClient(url, api_key).submit(graph, cluster).wait()
+    client.apply_plan(model, plan)                                     # TensorFlow
+    model.fit(x, y)
+
+The HTTP part needs no TensorFlow; :func:`profile` and :func:`apply_plan` import it when called.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from client.errors import (
+    BaechiError,
+    Conflict,
+    Gone,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    PlacementCanceled,
+    PlacementFailed,
+    PlanMismatch,
+    ProfileError,
+    ServerError,
+    ServiceUnavailable,
+    Unauthorized,
+    WaitTimeout,
+)
+
+if TYPE_CHECKING:
+    from client.pinning import AppliedPlan
+    from client.sdk import BaechiClient, Placement, PlacementStatus
+
+_SDK = ("BaechiClient", "Placement", "PlacementStatus")
+
+
+def __getattr__(name: str) -> Any:
+    # The SDK (httpx) loads on first use, so ``import client`` stays light for the CLI.
+    if name in _SDK:
+        from client import sdk
+
+        return getattr(sdk, name)
+    raise AttributeError(f"module 'client' has no attribute {name!r}")
+
+
+def profile(model: Any, x: Any, y: Any, loss: Any, optimizer: Any, steps: int = 5,
+            **kwargs: Any) -> dict[str, Any]:
+    """Profile one training step of a Keras model into a ``baechi.graph/v1`` document.
+
+    See :func:`client.profiler.profile` for the parameters.
+    """
+    from client.profiler import profile as _profile
+
+    return _profile(model, x, y, loss, optimizer, steps=steps, **kwargs)
+
+
+def apply_plan(model: Any, plan: Any, optimizer: Any = None, **kwargs: Any) -> AppliedPlan:
+    """Move a Keras model's variables and ops to the devices a plan names.
+
+    See :func:`client.pinning.apply_plan` for the parameters.
+    """
+    from client.pinning import apply_plan as _apply_plan
+
+    return _apply_plan(model, plan, optimizer, **kwargs)
+
+
+__all__ = [
+    "BaechiClient",
+    "BaechiError",
+    "Conflict",
+    "Gone",
+    "InvalidInput",
+    "NotFound",
+    "PayloadTooLarge",
+    "Placement",
+    "PlacementCanceled",
+    "PlacementFailed",
+    "PlacementStatus",
+    "PlanMismatch",
+    "ProfileError",
+    "ServerError",
+    "ServiceUnavailable",
+    "Unauthorized",
+    "WaitTimeout",
+    "apply_plan",
+    "profile",
+]
