@@ -15,6 +15,7 @@ from typing import Any
 from baechi import __version__
 from baechi.algorithms import get_algorithm
 from baechi.algorithms.base import Problem, Progress, no_progress
+from baechi.bounds import unit_floor
 from baechi.cluster import Cluster
 from baechi.errors import InfeasiblePlacement
 from baechi.graph import Graph, load_graph
@@ -188,29 +189,25 @@ def _graph_needs(graph: Graph, cluster: Cluster) -> dict[str, int]:
 
 
 def _check_units_fit(graph: Graph, cluster: Cluster, units: Units) -> None:
-    """Fail fast, naming the op, when a unit cannot fit on any device it may use.
-
-    A unit holds all its members' persistent bytes and, while an op runs, that op's temp and
-    output: no plan can use less on the unit's device.
-    """
+    """Fail fast, naming the op, when a unit cannot fit on any device it may use
+    (:func:`~baechi.bounds.unit_floor`: no plan can use less on the unit's device)."""
     limits = [math.inf if d.memory_bytes is None else d.memory_bytes for d in cluster.devices]
+    largest = max(limits)
     for unit, ops in enumerate(units.members):
-        biggest = max(ops, key=lambda op: graph.temp_bytes[op] + graph.output_bytes[op])
-        need = sum(graph.persistent_bytes[op] for op in ops) + (
-            graph.temp_bytes[biggest] + graph.output_bytes[biggest])
         pin = units.pin[unit]
-        room = limits[pin] if pin >= 0 else max(limits)
+        room = limits[pin] if pin >= 0 else largest
+        if math.isinf(room):
+            continue
+        need, worst = unit_floor(graph, units, unit)
         if need > room:
-            heaviest = max(ops, key=lambda op: graph.persistent_bytes[op])
-            what = (f"op {graph.names[ops[0]]!r}" if len(ops) == 1 else
-                    f"the group of {len(ops)} ops around {graph.names[heaviest]!r} "
-                    "(colocation/forward pairs)")
+            name = graph.names[worst]
+            what = (f"op {name!r}" if len(ops) == 1 else
+                    f"the group of {len(ops)} ops with {name!r} (colocation/forward pairs)")
             where = f"device {cluster.devices[pin].name!r}" if pin >= 0 else "the largest device"
             raise InfeasiblePlacement(
-                f"{what} needs {need} bytes but {where} holds {room}: "
-                f"{need - room} bytes missing",
-                {"op": graph.names[ops[0]], "missing_bytes": need - room,
-                 **_graph_needs(graph, cluster)},
+                f"{what} needs {need} bytes while {name!r} runs (persistent bytes, its inputs, "
+                f"temp and output) but {where} holds {room}: {need - room} bytes missing",
+                {"op": name, "missing_bytes": need - room, **_graph_needs(graph, cluster)},
             )
 
 

@@ -9,8 +9,9 @@ from helpers import edge, graph_doc, op, two_devices
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from baechi import InfeasiblePlacement, InvalidRequest, place, simulate
+from baechi import InfeasiblePlacement, InvalidRequest, load_graph, place, simulate
 from baechi.algorithms import ALGORITHMS
+from baechi.bounds import running_bytes
 
 PLACERS = [name for name in ALGORITHMS]
 
@@ -67,6 +68,12 @@ def check_plan(doc: dict, cluster: dict, plan) -> None:
             assert plan.placement[o["name"]] == d
     assert est.step_time_us >= est.lower_bound_us * (1 - 1e-9)
     assert simulate(doc, plan.model_dump()) == est  # the reported estimate IS the replay
+    # the memory floor used to reject requests up front is a true lower bound of every peak
+    graph = load_graph(doc)
+    for device, peak in est.peak_memory_bytes.items():
+        ops = [i for i, name in enumerate(graph.names) if plan.placement[name] == device]
+        persistent = sum(graph.persistent_bytes[i] for i in ops)
+        assert peak >= persistent + max((running_bytes(graph, i) for i in ops), default=0)
 
 
 @pytest.mark.parametrize("algorithm", PLACERS)
