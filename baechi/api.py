@@ -79,22 +79,36 @@ def place(
     _check_units_fit(graph, cluster, colocation_units(graph, cluster, options.forward_only))
     stats: dict[str, Any] = {"memory_retries": 0}
     reduced = options.co_placement or options.fusion
-    try:
-        reduction, simulation = _place_reduced(
-            graph, cluster, algorithm, options, report, phases, stats)
-    except InfeasiblePlacement:
-        if not reduced:
-            raise
-        # Merged units can strand memory; the unreduced graph gives the placer every choice.
-        reduction, simulation = _place_reduced(
-            graph, cluster, algorithm, options.without_pipeline(), report, phases, stats)
-        stats["fallback"] = ("the reduced graph did not fit in memory; "
-                             "placed the unreduced graph instead")
+    # When memory defeats the request, fall back to what gives the placer more freedom (the
+    # unreduced graph), then to the memory-first placer; say so in the plan's stats.
+    attempts = [(algorithm, options, "")]
+    if reduced:
+        attempts.append((algorithm, options.without_pipeline(),
+                         "the reduced graph did not fit in memory; placed the unreduced graph"))
+    if algorithm not in ("single", "m-fill"):
+        attempts.append(("m-fill", options.without_pipeline(),
+                         f"{algorithm} found no plan within memory; placed with m-fill "
+                         "(topological segments, each device filled to its memory)"))
+    first_error: InfeasiblePlacement | None = None
+    for name, attempt_options, note in attempts:
+        try:
+            reduction, simulation = _place_reduced(
+                graph, cluster, name, attempt_options, report, phases, stats)
+        except InfeasiblePlacement as exc:
+            first_error = first_error or exc
+            continue
+        if note:
+            stats["fallback"] = note
+        break
     else:
-        if reduced and options.portfolio:
-            reduction, simulation = _keep_faster(
-                graph, cluster, algorithm, options, report, phases, stats, reduction,
-                simulation)
+        assert first_error is not None
+        if len(attempts) > 1:
+            first_error.message += " (no fallback found one either)"
+            first_error.args = (first_error.message,)
+        raise first_error
+    if reduced and options.portfolio and "fallback" not in stats:
+        reduction, simulation = _keep_faster(
+            graph, cluster, algorithm, options, report, phases, stats, reduction, simulation)
     stats["nodes"] = reduction.nodes
     stats["reduction"] = reduction.stats
     if algorithm != "single" and options.allow_single:
@@ -193,6 +207,14 @@ def _check_units_fit(graph: Graph, cluster: Cluster, units: Units) -> None:
     (:func:`~baechi.bounds.unit_floor`: no plan can use less on the unit's device)."""
     limits = [math.inf if d.memory_bytes is None else d.memory_bytes for d in cluster.devices]
     largest = max(limits)
+    persistent = sum(graph.persistent_bytes)
+    if persistent > sum(limits):
+        raise InfeasiblePlacement(
+            f"the graph's persistent bytes alone ({persistent}) exceed the memory of all "
+            f"{len(limits)} devices together ({sum(limits)}): {persistent - sum(limits)} "
+            "bytes missing; add devices or memory",
+            {"missing_bytes": persistent - sum(limits), **_graph_needs(graph, cluster)},
+        )
     for unit, ops in enumerate(units.members):
         pin = units.pin[unit]
         room = limits[pin] if pin >= 0 else largest

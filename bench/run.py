@@ -34,7 +34,7 @@ NETWORKS = {
     "pcie": {"latency_us": 134, "bandwidth_gbps": 5.7},
     "nvlink": {"latency_us": 10, "bandwidth_gbps": 150},
 }
-ALGORITHMS = ("m-topo", "m-etf", "m-sct")
+ALGORITHMS = ("m-topo", "m-etf", "m-sct", "m-fill")
 FRACTIONS = (None, 0.75, 0.5, 0.3)
 DEVICES = 4
 
@@ -68,13 +68,14 @@ def run_graph(path: str, quick: bool) -> list[dict[str, Any]]:
         ("unlimited" if f is None else f"{int(f * 100)}%", None if f is None else int(peak * f))
         for f in FRACTIONS
     ]
-    suggested = doc.get("meta", {}).get("suggested_memory_bytes")
-    if suggested:
-        memories.append(("suggested", int(suggested)))
+    meta = doc.get("meta", {})
+    if meta.get("suggested_memory_bytes"):
+        memories.append(("suggested", int(meta["suggested_memory_bytes"])))
     rows = []
     for net_name, network in NETWORKS.items():
         for mem_name, memory in memories:
-            devices: dict[str, Any] = {"count": DEVICES}
+            count = meta.get("suggested_devices", DEVICES) if mem_name == "suggested" else DEVICES
+            devices: dict[str, Any] = {"count": count}
             if memory is not None:
                 devices["memory_bytes"] = memory
             cluster = {"devices": devices, "network": network}
@@ -86,14 +87,17 @@ def run_graph(path: str, quick: bool) -> list[dict[str, Any]]:
                                "fusion": pipeline}
                     row = {"graph": Path(path).stem, "group": Path(path).parent.name,
                            "ops": len(doc["ops"]), "network": net_name, "memory": mem_name,
+                           "devices": count,
                            "memory_bytes": memory, "algorithm": algorithm,
                            "pipeline": pipeline, "single_peak": peak}
                     tick = time.perf_counter()
                     try:
                         plan = place(doc, cluster, algorithm, options)
                     except InfeasiblePlacement as exc:
+                        bound = "no plan" not in exc.message and "fits on no" not in exc.message
                         row.update(status="infeasible", seconds=time.perf_counter() - tick,
-                                   reason=exc.message[:120])
+                                   reason=exc.message[:160],
+                                   kind="lower bound" if bound else "no plan found")
                         rows.append(row)
                         continue
                     e = plan.estimate
@@ -106,6 +110,7 @@ def run_graph(path: str, quick: bool) -> list[dict[str, Any]]:
                         ratio_lb=e.step_time_us / e.lower_bound_us if e.lower_bound_us else 1,
                         speedup=e.single_device_us / e.step_time_us if e.step_time_us else 1,
                         peak_over_limit=(used / memory) if memory else None,
+                        fallback=plan.stats.get("fallback", ""),
                     )
                     rows.append(row)
     return rows
@@ -125,16 +130,20 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
         f"{DEVICES} devices; networks: PCIe = Baechi's fit (134 µs, 5.7 GB/s), "
         "NVLink-class = 10 µs, 150 GB/s; both in sequential mode (one channel per device). "
         "Memory limits are fractions of the graph's single-device peak under the cost model "
-        "(DESIGN §4). Plans are the algorithms' own (`allow_single` off): a speedup below 1 "
-        "is where one device would have been faster — the service then returns the "
-        "single-device plan by default. Step times and peaks are the simulator's.",
+        "(DESIGN §4); `suggested` is the source's per-device memory on the source's device "
+        "count (`meta.suggested_devices`). Plans are the algorithms' own (`allow_single` "
+        "off): a speedup below 1 is where one device would have been faster — the service "
+        "then returns the single-device plan by default. Step times and peaks are the simulator's.",
         "",
         "## Summary per setting",
         "",
-        "Feasible = plans within memory / runs; ratios are geometric means over the feasible "
-        "runs; seconds are medians.",
+        "Feasible = plans within memory / runs (of them, how many came from a fallback: the "
+        "unreduced graph or m-fill); ratios are geometric means over the feasible runs; "
+        "seconds are medians. Infeasible runs are rejected by a memory lower bound (a unit or "
+        "op that fits no device, or persistent bytes over the cluster's memory) or found no "
+        "plan; the per-run table says which.",
         "",
-        "| network | memory | algorithm | pipeline | feasible | step / lower bound | "
+        "| network | memory | algorithm | pipeline | feasible (fallback) | step / lower bound | "
         "speedup vs 1 device | placement s (median) | max s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -148,28 +157,29 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
         secs = [r["seconds"] for r in group]
         out.append(
             f"| {key[0]} | {key[1]} | {key[2]} | {'on' if key[3] else 'off'} | "
-            f"{len(ok)}/{len(group)} | {geomean([r['ratio_lb'] for r in ok]):.3f} | "
+            f"{len(ok)}/{len(group)} ({sum(1 for r in ok if r['fallback'])}) | "
+            f"{geomean([r['ratio_lb'] for r in ok]):.3f} | "
             f"{geomean([r['speedup'] for r in ok]):.3f} | {statistics.median(secs):.3f} | "
             f"{max(secs):.2f} |"
         )
     out += ["", "## Every run", "",
-            "| graph | ops | network | memory | algorithm | pipeline | nodes | seconds | "
+            "| graph | ops | devices | network | memory | algorithm | pipeline | nodes | seconds | "
             "step ms | / lower bound | speedup | peak / limit | status |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["status"] == "ok":
             peak = f"{r['peak_over_limit']:.2f}" if r["peak_over_limit"] is not None else "–"
             out.append(
-                f"| {r['graph']} | {r['ops']} | {r['network']} | {r['memory']} | "
+                f"| {r['graph']} | {r['ops']} | {r['devices']} | {r['network']} | {r['memory']} | "
                 f"{r['algorithm']} | {'on' if r['pipeline'] else 'off'} | {r['nodes']} | "
                 f"{r['seconds']:.3f} | {r['step_us'] / 1000:.3f} | {r['ratio_lb']:.3f} | "
-                f"{r['speedup']:.3f} | {peak} | ok |"
+                f"{r['speedup']:.3f} | {peak} | {'ok (fallback)' if r['fallback'] else 'ok'} |"
             )
         else:
             out.append(
-                f"| {r['graph']} | {r['ops']} | {r['network']} | {r['memory']} | "
+                f"| {r['graph']} | {r['ops']} | {r['devices']} | {r['network']} | {r['memory']} | "
                 f"{r['algorithm']} | {'on' if r['pipeline'] else 'off'} | – | "
-                f"{r['seconds']:.3f} | – | – | – | – | infeasible |"
+                f"{r['seconds']:.3f} | – | – | – | – | infeasible: {r['kind']} |"
             )
     return "\n".join(out) + "\n"
 
