@@ -207,14 +207,6 @@ def _check_units_fit(graph: Graph, cluster: Cluster, units: Units) -> None:
     (:func:`~baechi.bounds.unit_floor`: no plan can use less on the unit's device)."""
     limits = [math.inf if d.memory_bytes is None else d.memory_bytes for d in cluster.devices]
     largest = max(limits)
-    persistent = sum(graph.persistent_bytes)
-    if persistent > sum(limits):
-        raise InfeasiblePlacement(
-            f"the graph's persistent bytes alone ({persistent}) exceed the memory of all "
-            f"{len(limits)} devices together ({sum(limits)}): {persistent - sum(limits)} "
-            "bytes missing; add devices or memory",
-            {"missing_bytes": persistent - sum(limits), **_graph_needs(graph, cluster)},
-        )
     for unit, ops in enumerate(units.members):
         pin = units.pin[unit]
         room = limits[pin] if pin >= 0 else largest
@@ -231,6 +223,14 @@ def _check_units_fit(graph: Graph, cluster: Cluster, units: Units) -> None:
                 f"temp and output) but {where} holds {room}: {need - room} bytes missing",
                 {"op": name, "missing_bytes": need - room, **_graph_needs(graph, cluster)},
             )
+    persistent = sum(graph.persistent_bytes)
+    if persistent > sum(limits):
+        raise InfeasiblePlacement(
+            f"the graph's persistent bytes alone ({persistent}) exceed the memory of all "
+            f"{len(limits)} devices together ({sum(limits)}): {persistent - sum(limits)} "
+            "bytes missing; add devices or memory",
+            {"missing_bytes": persistent - sum(limits), **_graph_needs(graph, cluster)},
+        )
 
 
 def _raise_over_limit(

@@ -183,3 +183,18 @@ def test_portfolio_keeps_the_faster_of_reduced_and_unreduced(doc: dict, cluster:
             return
     reduced, unreduced, portfolio = (p.estimate.step_time_us for p in plans)
     assert portfolio == min(reduced, unreduced) or "fallback" in plans[0].stats
+
+
+def test_persistent_bytes_over_the_whole_cluster_fail_fast() -> None:
+    doc = graph_doc([op(f"w{i}", 1, persistent_bytes=600) for i in range(4)])
+    with pytest.raises(InfeasiblePlacement, match="exceed the memory of all 2 devices") as info:
+        place(doc, two_devices(memory=1000), "m-etf")
+    assert info.value.details["missing_bytes"] == 400
+
+
+def test_fill_packs_a_chain_that_fits_only_in_segments() -> None:
+    # 600 bytes of weights per op, 1000 per device: two ops never share a device
+    doc = graph_doc([op(f"o{i}", 10, persistent_bytes=600) for i in range(3)],
+                    [edge("o0", "o1", 10), edge("o1", "o2", 10)])
+    plan = place(doc, two_devices(count=3, memory=1000), "m-fill")
+    assert [plan.placement[f"o{i}"] for i in range(3)] == ["/GPU:0", "/GPU:1", "/GPU:2"]
