@@ -130,8 +130,8 @@ def summary(plan: Plan, estimate: Estimate, cluster: Cluster) -> str:
         )
     if plan.stats.get("portfolio_choice"):
         times = plan.stats["portfolio_step_times_us"]
-        lines.append(f"portfolio      reduced {_ms(times['reduced'])}, unreduced "
-                     f"{_ms(times['unreduced'])}: kept the {plan.stats['portfolio_choice']} plan")
+        lines.append("portfolio      " + ", ".join(f"{k} {_ms(v)}" for k, v in times.items())
+                     + f": kept the {plan.stats['portfolio_choice']} plan")
     if plan.stats.get("fallback"):
         lines.append(f"note           {plan.stats['fallback']}")
     lines += [
@@ -230,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-single", action="store_true",
                    help="never fall back to the single-device plan")
     p.add_argument("--portfolio", action="store_true",
-                   help="also place the unreduced graph and keep the faster plan")
+                   help="also place the unreduced graph and with m-fill; keep the fastest plan")
     p.add_argument("--time-limit", type=float, default=None, metavar="S",
                    help="solver time limit in seconds")
     p.set_defaults(func=cmd_place)

@@ -18,7 +18,7 @@ class Options(BaseModel):
 
     Every pipeline step is on by default; ``allow_single`` returns the single-device plan
     when it fits and is predicted faster than the algorithm's plan; ``portfolio`` also places
-    the unreduced graph and keeps the faster of the two plans.
+    the unreduced graph and with m-fill, and keeps the fastest plan.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -27,7 +27,8 @@ class Options(BaseModel):
     fusion: StrictBool = True
     forward_only: StrictBool = True
     allow_single: StrictBool = True
-    #: Also place the unreduced graph and keep the faster plan (about twice the time).
+    #: Also place the unreduced graph and with m-fill; keep the fastest plan (about twice
+    #: the time).
     portfolio: StrictBool = False
     time_limit_s: float = Field(default=DEFAULT_TIME_LIMIT_S, gt=0, le=86400, allow_inf_nan=False)
 

@@ -174,15 +174,20 @@ def test_empty_graph() -> None:
 
 @settings(max_examples=30, deadline=None)
 @given(doc=dags(), cluster=clusters())
-def test_portfolio_keeps_the_faster_of_reduced_and_unreduced(doc: dict, cluster: dict) -> None:
+def test_portfolio_keeps_the_fastest_candidate(doc: dict, cluster: dict) -> None:
+    unreduced = {"co_placement": False, "fusion": False}
     plans = []
-    for options in ({}, {"co_placement": False, "fusion": False}, {"portfolio": True}):
+    for algorithm, options in (("m-etf", {}), ("m-etf", unreduced), ("m-fill", unreduced),
+                               ("m-etf", {"portfolio": True})):
         try:
-            plans.append(place(doc, cluster, "m-etf", {"allow_single": False, **options}))
+            plans.append(place(doc, cluster, algorithm, {"allow_single": False, **options}))
         except InfeasiblePlacement:
             return
-    reduced, unreduced, portfolio = (p.estimate.step_time_us for p in plans)
-    assert portfolio == min(reduced, unreduced) or "fallback" in plans[0].stats
+    if any("fallback" in p.stats for p in plans):
+        return
+    *candidates, portfolio = (p.estimate.step_time_us for p in plans)
+    assert portfolio == min(candidates)
+    assert plans[-1].stats["portfolio_step_times_us"]["reduced"] == candidates[0]
 
 
 def test_persistent_bytes_over_the_whole_cluster_fail_fast() -> None:

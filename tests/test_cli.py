@@ -24,14 +24,16 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_readme_main_job_places_the_bundled_graph(tmp_path: Path) -> None:
     plan_path = tmp_path / "plan.json"
-    result = run("place", str(GNMT), "--devices", "4", "--latency-us", "134",
-                 "--bandwidth-gbps", "5.7", "-o", str(plan_path))
+    result = run("place", str(GNMT), "--devices", "4", "--memory", "768MiB", "--latency-us",
+                 "134", "--bandwidth-gbps", "5.7", "-o", str(plan_path))
     assert result.returncode == 0, result.stderr
     for line in ("step time", "lower bound", "single device", "speedup", "peak memory",
                  "transfers", "placement", "reduction"):
         assert line in result.stdout
     plan = json.loads(plan_path.read_text())
     assert plan["format"] == "baechi.plan/v1" and len(plan["placement"]) == 2494
+    # 768 MiB is below GNMT's single-device peak: the plan must use several devices
+    assert len(set(plan["placement"].values())) > 1 and plan["estimate"]["memory_ok"]
     assert not list(tmp_path.glob("*.partial"))
     replay = run("simulate", str(GNMT), str(plan_path), "--json")
     assert replay.returncode == 0, replay.stderr
