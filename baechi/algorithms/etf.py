@@ -19,11 +19,13 @@ finished an op wait for that op's favourite child unless an urgent op is ready.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from typing import Any
 
 from baechi.algorithms.base import Assignment, Problem
+from baechi.bounds import INSTANT_US
 
 
 def remaining_path(problem: Problem) -> list[float]:
@@ -190,12 +192,17 @@ class ListScheduler:
             heapq.heappop(self.waiting[d])
 
     # ----------------------------------------------------------------- memory
-    def _pending_peak(self, unit: int) -> int:
-        """temp + output of the unit's biggest op not scheduled yet (0 when none is left)."""
+    def _pending_peak(self, unit: int, besides: int = -1) -> int:
+        """temp + output of the unit's biggest op not scheduled yet, ``besides`` aside
+        (0 when none is left)."""
         members, i = self.by_size[unit], self.size_cursor[unit]
         while i < len(members) and self.done[members[i]]:
             i += 1
         self.size_cursor[unit] = i
+        if i < len(members) and members[i] == besides:
+            i += 1
+            while i < len(members) and self.done[members[i]]:
+                i += 1
         return self.op_size[members[i]] if i < len(members) else 0
 
     def _need(self, op: int, d: int) -> float:
@@ -205,7 +212,7 @@ class ListScheduler:
         need = g.temp_bytes[op] + g.output_bytes[op] + self.reserved[d]
         unit = self.units.unit_of[op]
         if self.unit_device[unit] < 0:
-            need += self.unit_persistent[unit] + self._pending_peak(unit)
+            need += self.unit_persistent[unit] + self._pending_peak(unit, besides=op)
         else:
             need -= self.unit_reserve[unit]
         for k in g.in_edges[op]:
@@ -214,6 +221,66 @@ class ListScheduler:
                 if key not in self.sent:
                     need += g.edge_bytes[k]
         return need
+
+    def _record_level(self, d: int, time: float) -> None:
+        """Remember ``d``'s level at ``time``, keeping only points no later point dominates
+        (levels decrease along the list, so the first point at or after a time is the
+        highest level since then)."""
+        times, levels = self.level_times[d], self.levels[d]
+        while levels and levels[-1] <= self.live[d]:
+            times.pop()
+            levels.pop()
+        times.append(time)
+        levels.append(self.live[d])
+
+    def _highest_since(self, d: int, time: float) -> float:
+        i = bisect.bisect_left(self.level_times[d], time)
+        return self.levels[d][i] if i < len(self.levels[d]) else 0.0
+
+    def _copies_fit(self, op: int, d: int, budget: float) -> bool:
+        """Copies for ``op`` arrive on ``d`` when their producers end, maybe long before ``op``
+        starts: they must fit on top of what ``d`` held since then."""
+        g = self.graph
+        arriving, since = 0, math.inf
+        for k in g.in_edges[op]:
+            src = g.edge_src[k]
+            if not g.edge_control[k] and self.device_of[src] != d and \
+                    self._key(k, d) not in self.sent:
+                arriving += g.edge_bytes[k]
+                since = min(since, self.end[src])
+        return not arriving or self._highest_since(d, since) + arriving <= budget
+
+    def _fits(self, op: int, d: int, start: float, budget: float) -> bool:
+        """Whether ``op`` fits on ``d`` when it starts at ``start``."""
+        if math.isinf(budget):
+            return True
+        if not self._copies_fit(op, d, budget):
+            return False
+        need = self._need(op, d)
+        if self.live[d] + need <= budget:
+            return True
+        # frees due by the op's start, not only by the last commit
+        level = self.live[d] - sum(b for t, b in self.frees[d] if t <= start)
+        if level + need <= budget:
+            return True
+        if self.graph.compute_us[op] >= INSTANT_US:
+            return False
+        # a zero-time op frees the inputs it is the last user of before it allocates
+        g = self.graph
+        uses: dict[int, int] = {}
+        arriving = 0
+        for k in g.in_edges[op]:
+            if g.edge_control[k]:
+                continue
+            src = g.edge_src[k]
+            if self.device_of[src] == d:
+                uses[src] = uses.get(src, 0) + 1
+            elif self._key(k, d) not in self.sent:
+                arriving += g.edge_bytes[k]
+        freed = sum(g.output_bytes[src] for src, n in uses.items()
+                    if n == self.data_consumers[src])
+        own = g.temp_bytes[op] + g.output_bytes[op]
+        return level + max(need - own, need - arriving - freed) <= budget
 
     def _release(self, now: float) -> None:
         """Apply every free due by ``now``; wake the ops blocked on devices that freed."""
@@ -270,6 +337,8 @@ class ListScheduler:
         self.live = [0.0] * n_dev
         self.frees: list[list[tuple[float, int]]] = [[] for _ in range(n_dev)]
         self.blocked: list[list[int]] = [[] for _ in range(n_dev)]
+        self.level_times: list[list[float]] = [[] for _ in range(n_dev)]
+        self.levels: list[list[float]] = [[] for _ in range(n_dev)]
         self.available: list[list[Any]] = [[] for _ in range(n_dev)]
         self.waiting: list[list[Any]] = [[] for _ in range(n_dev)]
         for unit, d in enumerate(self.unit_device):
@@ -277,7 +346,7 @@ class ListScheduler:
                 self.live[d] += self.unit_persistent[unit]
                 self.unit_reserve[unit] = self._pending_peak(unit)
                 self.reserved[d] += self.unit_reserve[unit]
-        data_consumers = [
+        self.data_consumers = data_consumers = [
             sum(1 for k in g.out_edges[op] if not g.edge_control[k]) for op in range(n)
         ]
         waiting_inputs = [len({g.edge_src[k] for k in g.in_edges[op]}) for op in range(n)]
@@ -314,6 +383,7 @@ class ListScheduler:
             last_device[d] = op
             orders[d].append(op)
             self.live[d] += g.temp_bytes[op] + g.output_bytes[op] + copy_bytes
+            self._record_level(d, start)
             heapq.heappush(self.frees[d], (end, g.temp_bytes[op]))
             for k in g.in_edges[op]:
                 src = g.edge_src[k]
@@ -360,7 +430,7 @@ class ListScheduler:
                     self._drop(d, op)
                     self._push(op, d, ready)
                     continue
-            if self.live[d] + self._need(op, d) <= budget[d] or math.isinf(budget[d]):
+            if self._fits(op, d, start, budget[d]):
                 return start, op, d
             if not is_top:
                 no_favour.add(d)  # the favourite child does not fit: let the device choose
