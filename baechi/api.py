@@ -1,9 +1,12 @@
 """``place``: the whole job, from graph and cluster to a simulated plan (DESIGN §6).
 
-Steps: build units (colocation, forward pairs, pins), reduce the graph (co-placement, fusion),
-place the reduced graph, expand to every op, derive each device's order, simulate. When the
-simulated peak exceeds a device's memory, the placer is run again with that device's budget
-lowered by the overshoot, a few times, before giving up with :class:`InfeasiblePlacement`.
+Steps: reject requests no plan can fit (memory floors, :mod:`baechi.bounds`), build units
+(colocation, forward pairs, pins), reduce the graph (co-placement, fusion), place the reduced
+graph, expand to every op, derive each device's order, simulate. When the simulated peak
+exceeds a device's memory, the placer runs again with that device's budget lowered, a few
+times; then the unreduced graph and m-fill are tried before :class:`InfeasiblePlacement`.
+With ``portfolio`` the unreduced graph and m-fill are tried anyway and the fastest plan kept;
+with ``allow_single`` a faster single-device plan replaces the result.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import time
 from typing import Any
 
 from baechi import __version__
-from baechi.algorithms import get_algorithm
+from baechi.algorithms import DEFAULT_ALGORITHM, get_algorithm
 from baechi.algorithms.base import Problem, Progress, no_progress
 from baechi.bounds import unit_floor
 from baechi.cluster import Cluster
@@ -32,7 +35,7 @@ MEMORY_RETRIES = 4
 def place(
     graph: Graph | dict[str, Any] | str,
     cluster: Cluster | dict[str, Any],
-    algorithm: str = "m-etf",
+    algorithm: str = DEFAULT_ALGORITHM,
     options: Options | dict[str, Any] | None = None,
     progress: Progress | None = None,
 ) -> Plan:
@@ -45,7 +48,8 @@ def place(
     cluster : Cluster or dict
         Devices and network (DESIGN §3).
     algorithm : str
-        ``single``, ``m-topo``, ``m-etf`` or ``m-sct``.
+        A name of :data:`baechi.algorithms.ALGORITHMS`: ``single``, ``m-topo``, ``m-etf``,
+        ``m-sct`` or ``m-fill``.
     options : Options or dict, optional
         Pipeline switches and time limit; every step on by default.
     progress : callable, optional

@@ -366,14 +366,3 @@ def test_shared_graphs_reduce_within_memory_and_expand(path: object) -> None:
         for ms, size in zip(co.members, unit_memory(g, co), strict=True):
             assert size <= cap or len({hard.unit_of[o] for o in ms}) == 1
         assert reduction.nodes[-1]["nodes"] < len(g)
-
-
-def test_docstring_examples_run() -> None:
-    import doctest
-
-    import baechi.fusion
-    import baechi.grouping
-    import baechi.pipeline
-
-    for module in (baechi.grouping, baechi.fusion, baechi.pipeline):
-        assert doctest.testmod(module).failed == 0, module.__name__
