@@ -203,3 +203,23 @@ def test_fill_packs_a_chain_that_fits_only_in_segments() -> None:
                     [edge("o0", "o1", 10), edge("o1", "o2", 10)])
     plan = place(doc, two_devices(count=3, memory=1000), "m-fill")
     assert [plan.placement[f"o{i}"] for i in range(3)] == ["/GPU:0", "/GPU:1", "/GPU:2"]
+
+
+def test_fallback_chain_ends_with_m_fill_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A placer whose plans never fit: place() tries the unreduced graph, then m-fill."""
+    from baechi.algorithms import ALGORITHMS as registry
+    from baechi.algorithms.base import Assignment
+
+    def everything_on_first_device(problem):  # type: ignore[no-untyped-def]
+        graph = problem.graph
+        return Assignment([0] * len(graph), [list(graph.topo)] + [[] for _ in problem.budget[1:]])
+
+    monkeypatch.setitem(registry, "all-on-0", everything_on_first_device)
+    doc = graph_doc([op(f"o{i}", 10, persistent_bytes=600) for i in range(3)],
+                    [edge("o0", "o1", 10), edge("o1", "o2", 10)])
+    plan = place(doc, two_devices(count=3, memory=1000), "all-on-0", {"allow_single": False})
+    assert "placed with m-fill" in plan.stats["fallback"]
+    assert plan.estimate.memory_ok and len(set(plan.placement.values())) == 3
+    with pytest.raises(InfeasiblePlacement, match="no fallback found one either"):
+        # three 600-byte units, two 1000-byte devices: no bound catches it, no placer can
+        place(doc, two_devices(count=2, memory=1000), "all-on-0", {"allow_single": False})
