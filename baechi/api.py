@@ -26,7 +26,7 @@ from baechi.grouping import Units, colocation_units
 from baechi.options import Options
 from baechi.pipeline import Reduction, reduce_graph
 from baechi.plan import GraphInfo, Plan, PlanRequest
-from baechi.simulate import Simulation, replay, trace
+from baechi.simulate import Simulation, replay, single_device_run
 
 #: How many times the placer is re-run with tighter budgets after a plan overshoots memory.
 MEMORY_RETRIES = 4
@@ -204,10 +204,7 @@ def _overshoot(simulation: Simulation, cluster: Cluster) -> dict[int, int]:
 
 def _graph_needs(graph: Graph, cluster: Cluster) -> dict[str, int]:
     """What the whole graph needs: its single-device peak and its persistent bytes."""
-    fastest = cluster.fastest()
-    orders: list[list[int]] = [[] for _ in cluster.devices]
-    orders[fastest] = graph.topo
-    peak = trace(graph, cluster, [fastest] * len(graph), orders)[3][fastest].peak
+    peak = single_device_run(graph, cluster)[1]
     return {"graph_needs_bytes": peak, "graph_persistent_bytes": sum(graph.persistent_bytes)}
 
 

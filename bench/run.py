@@ -52,11 +52,9 @@ def graphs(shared: Path, quick: bool) -> list[Path]:
 
 def single_peak(doc: dict[str, Any]) -> int:
     from baechi import Cluster, load_graph
-    from baechi.simulate import trace
+    from baechi.simulate import single_device_run
 
-    graph = load_graph(doc)
-    cluster = Cluster.uniform(1)
-    return trace(graph, cluster, [0] * len(graph), [graph.topo])[3][0].peak
+    return single_device_run(load_graph(doc), Cluster.uniform(1))[1]
 
 
 def run_graph(path: str, quick: bool) -> list[dict[str, Any]]:
