@@ -19,7 +19,6 @@ from baechi.errors import (
     InvalidPlan,
     InvalidRequest,
     PlacementError,
-    SolverTimeout,
 )
 from baechi.graph import Graph, load_graph
 from baechi.options import Options
@@ -41,7 +40,6 @@ __all__ = [
     "PlacementError",
     "Plan",
     "Simulation",
-    "SolverTimeout",
     "load_graph",
     "parse_size",
     "place",

@@ -59,9 +59,3 @@ class InfeasiblePlacement(PlacementError):
     code = "infeasible"
     exit_status = 3
 
-
-class SolverTimeout(PlacementError):
-    """A solver ran out of its time limit without a usable answer."""
-
-    code = "solver_timeout"
-    exit_status = 4
