@@ -266,13 +266,15 @@ def replay(
     return Simulation(estimate, device_of, orders, start, end, transfers, memory)
 
 
-def single_device_run(graph: Graph, cluster: Cluster) -> tuple[float, int]:
-    """Step time and peak memory of the canonical order on the fastest device."""
-    fastest = cluster.fastest()
+def single_device_run(
+    graph: Graph, cluster: Cluster, device: int | None = None
+) -> tuple[float, int]:
+    """Step time and peak memory of the canonical order on one device (the fastest)."""
+    d = cluster.fastest() if device is None else device
     orders: list[list[int]] = [[] for _ in cluster.devices]
-    orders[fastest] = graph.topo
-    _, end, _, memory = trace(graph, cluster, [fastest] * len(graph), orders)
-    return max(end, default=0.0), memory[fastest].peak
+    orders[d] = graph.topo
+    _, end, _, memory = trace(graph, cluster, [d] * len(graph), orders)
+    return max(end, default=0.0), memory[d].peak
 
 
 def single_device(graph: Graph, cluster: Cluster) -> tuple[float, bool]:

@@ -215,12 +215,20 @@ class ListScheduler:
             need += self.unit_persistent[unit] + self._pending_peak(unit, besides=op)
         else:
             need -= self.unit_reserve[unit]
+        return need + self._arriving(op, d)[0]
+
+    def _arriving(self, op: int, d: int) -> tuple[int, float]:
+        """Bytes of the copies ``op`` would have sent to ``d``, and when the first producer
+        of them ends (``inf`` when none is needed)."""
+        g = self.graph
+        arriving, since = 0, math.inf
         for k in g.in_edges[op]:
-            if not g.edge_control[k] and self.device_of[g.edge_src[k]] != d:
-                key = self._key(k, d)
-                if key not in self.sent:
-                    need += g.edge_bytes[k]
-        return need
+            src = g.edge_src[k]
+            if not g.edge_control[k] and self.device_of[src] != d and \
+                    self._key(k, d) not in self.sent:
+                arriving += g.edge_bytes[k]
+                since = min(since, self.end[src])
+        return arriving, since
 
     def _record_level(self, d: int, time: float) -> None:
         """Remember ``d``'s level at ``time``, keeping only points no later point dominates
@@ -240,14 +248,7 @@ class ListScheduler:
     def _copies_fit(self, op: int, d: int, budget: float) -> bool:
         """Copies for ``op`` arrive on ``d`` when their producers end, maybe long before ``op``
         starts: they must fit on top of what ``d`` held since then."""
-        g = self.graph
-        arriving, since = 0, math.inf
-        for k in g.in_edges[op]:
-            src = g.edge_src[k]
-            if not g.edge_control[k] and self.device_of[src] != d and \
-                    self._key(k, d) not in self.sent:
-                arriving += g.edge_bytes[k]
-                since = min(since, self.end[src])
+        arriving, since = self._arriving(op, d)
         return not arriving or self._highest_since(d, since) + arriving <= budget
 
     def _fits(self, op: int, d: int, start: float, budget: float) -> bool:
@@ -268,15 +269,11 @@ class ListScheduler:
         # a zero-time op frees the inputs it is the last user of before it allocates
         g = self.graph
         uses: dict[int, int] = {}
-        arriving = 0
         for k in g.in_edges[op]:
-            if g.edge_control[k]:
-                continue
             src = g.edge_src[k]
-            if self.device_of[src] == d:
+            if not g.edge_control[k] and self.device_of[src] == d:
                 uses[src] = uses.get(src, 0) + 1
-            elif self._key(k, d) not in self.sent:
-                arriving += g.edge_bytes[k]
+        arriving = self._arriving(op, d)[0]
         freed = sum(g.output_bytes[src] for src, n in uses.items()
                     if n == self.data_consumers[src])
         own = g.temp_bytes[op] + g.output_bytes[op]

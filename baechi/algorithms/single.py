@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from baechi.algorithms.base import Assignment, Problem
 from baechi.errors import InfeasiblePlacement
-from baechi.simulate import trace
+from baechi.simulate import single_device_run
 
 
 def place_single(problem: Problem) -> Assignment:
@@ -15,22 +15,19 @@ def place_single(problem: Problem) -> Assignment:
     """
     graph, cluster, units = problem.graph, problem.cluster, problem.units
     pins = {p for p in units.pin if p >= 0}
-    ranked = sorted(range(len(cluster.devices)), key=lambda d: -cluster.devices[d].speed)
-    best_peak = None
-    for d in ranked:
-        if pins - {d}:
-            continue
-        orders: list[list[int]] = [[] for _ in cluster.devices]
-        orders[d] = list(graph.topo)
-        device_of = [d] * len(graph)
-        peak = trace(graph, cluster, device_of, orders)[3][d].peak
-        if peak <= problem.budget[d]:
-            return Assignment(device_of, orders)
-        best_peak = peak if best_peak is None else min(best_peak, peak)
-    if best_peak is None:
+    if len(pins) > 1:
         raise InfeasiblePlacement("single: the graph pins ops to more than one device")
+    # one device, one order: the peak is the same whichever device runs it
+    peak = single_device_run(graph, cluster)[1]
+    ranked = sorted(range(len(cluster.devices)), key=lambda d: -cluster.devices[d].speed)
+    for d in ranked:
+        if not pins - {d} and peak <= problem.budget[d]:
+            orders: list[list[int]] = [[] for _ in cluster.devices]
+            orders[d] = list(graph.topo)
+            return Assignment([d] * len(graph), orders)
+    room = max(problem.budget[d] for d in ranked if not pins - {d})
     raise InfeasiblePlacement(
-        f"single: the whole graph needs {best_peak} bytes at its peak; no device holds it "
-        f"(largest: {max(problem.budget):.0f} bytes)",
-        {"graph_needs_bytes": best_peak, "missing_bytes": int(best_peak - max(problem.budget))},
+        f"single: the whole graph needs {peak} bytes at its peak; no device holds it "
+        f"(largest: {room:.0f} bytes)",
+        {"graph_needs_bytes": peak, "missing_bytes": int(peak - room)},
     )
