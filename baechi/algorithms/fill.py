@@ -109,7 +109,6 @@ def place_fill(problem: Problem) -> Assignment:
             current = max(current, d)
             unit_device[unit] = d
             persistent[d] += new
-        arriving = incoming(op, d)
         peak[d] = max(peak[d], running(op, d))
         for k in graph.in_edges[op]:
             src = graph.edge_src[k]
@@ -117,7 +116,8 @@ def place_fill(problem: Problem) -> Assignment:
             if not graph.edge_control[k] and device_of[src] != d and key not in copies:
                 copies[key] = graph.edge_bytes[k]
                 copies_of.setdefault(src, []).append(key)
-        level[d] += arriving + graph.output_bytes[op]
+                level[d] += graph.edge_bytes[k]
+        level[d] += graph.output_bytes[op]
         device_of[op] = d
         orders[d].append(op)
         for k in graph.in_edges[op]:
