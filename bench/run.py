@@ -42,7 +42,8 @@ DEVICES = 4
 def graphs(shared: Path, quick: bool) -> list[Path]:
     root = shared / "graphs"
     paths = sorted((root / "baechi").glob("*.json"))
-    paths += sorted((root / "dnn-partitioning").rglob("*.json"))
+    paths += sorted(p for p in (root / "dnn-partitioning").rglob("*.json")
+                    if "original" not in p.parts)  # original/: the unconverted source files
     paths += sorted((root / "pipedream").glob("*.json"))
     paths += sorted((root / "stg").glob("*.json"))[:: 5]
     if quick:
