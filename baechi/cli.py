@@ -27,7 +27,7 @@ from baechi.plan import Estimate, Plan
 from baechi.simulate import simulate_plan
 
 #: Modules that add verbs (``register(subparsers)``); skipped when their extra is absent.
-PLUGINS = ("baechi.importers.cli", "service.cli", "client.cli")
+PLUGINS = ("baechi.importers.cli", "baechi.service.cli", "baechi.client.cli")
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:

@@ -2,7 +2,7 @@
 
 The five-line story (DESIGN §8)::
 
-    import client
+    from baechi import client
     graph = client.profile(model, x, y, loss, optimizer)              # TensorFlow
     plan = client.BaechiClient(url, api_key).submit(graph, cluster).wait()
     client.apply_plan(model, plan)                                     # TensorFlow
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from client.errors import (
+from baechi.client.errors import (
     BaechiError,
     Conflict,
     Gone,
@@ -33,8 +33,8 @@ from client.errors import (
 )
 
 if TYPE_CHECKING:
-    from client.pinning import AppliedPlan
-    from client.sdk import BaechiClient, Placement, PlacementStatus
+    from baechi.client.pinning import AppliedPlan
+    from baechi.client.sdk import BaechiClient, Placement, PlacementStatus
 
 _SDK = ("BaechiClient", "Placement", "PlacementStatus")
 
@@ -42,7 +42,7 @@ _SDK = ("BaechiClient", "Placement", "PlacementStatus")
 def __getattr__(name: str) -> Any:
     # The SDK (httpx) loads on first use, so ``import client`` stays light for the CLI.
     if name in _SDK:
-        from client import sdk
+        from baechi.client import sdk
 
         return getattr(sdk, name)
     raise AttributeError(f"module 'client' has no attribute {name!r}")
@@ -52,9 +52,9 @@ def profile(model: Any, x: Any, y: Any, loss: Any, optimizer: Any, steps: int = 
             **kwargs: Any) -> dict[str, Any]:
     """Profile one training step of a Keras model into a ``baechi.graph/v1`` document.
 
-    See :func:`client.profiler.profile` for the parameters.
+    See :func:`baechi.client.profiler.profile` for the parameters.
     """
-    from client.profiler import profile as _profile
+    from baechi.client.profiler import profile as _profile
 
     return _profile(model, x, y, loss, optimizer, steps=steps, **kwargs)
 
@@ -62,9 +62,9 @@ def profile(model: Any, x: Any, y: Any, loss: Any, optimizer: Any, steps: int = 
 def apply_plan(model: Any, plan: Any, optimizer: Any = None, **kwargs: Any) -> AppliedPlan:
     """Move a Keras model's variables and ops to the devices a plan names.
 
-    See :func:`client.pinning.apply_plan` for the parameters.
+    See :func:`baechi.client.pinning.apply_plan` for the parameters.
     """
-    from client.pinning import apply_plan as _apply_plan
+    from baechi.client.pinning import apply_plan as _apply_plan
 
     return _apply_plan(model, plan, optimizer, **kwargs)
 

@@ -181,8 +181,8 @@ def _profile(args: argparse.Namespace) -> int:
         import tensorflow  # noqa: F401
     except ImportError:
         return _fail("profile needs TensorFlow: pip install 'baechi[tf]'", 1)
-    from client.models import EXAMPLES
-    from client.profiler import profile
+    from baechi.client.models import EXAMPLES
+    from baechi.client.profiler import profile
 
     example = EXAMPLES[args.model]
     model, x, y, loss, optimizer = example.make(args.batch)
@@ -199,8 +199,8 @@ def _profile(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- helpers
 def _client(args: argparse.Namespace) -> Any:
-    from client.errors import InvalidInput
-    from client.sdk import BaechiClient
+    from baechi.client.errors import InvalidInput
+    from baechi.client.sdk import BaechiClient
 
     if not args.server:
         raise InvalidInput(f"no service URL: pass --server URL or set ${URL_ENV}")
@@ -210,8 +210,9 @@ def _client(args: argparse.Namespace) -> Any:
 
 def _guard(verb: Any, args: argparse.Namespace) -> int:
     """Run a verb; turn the errors it may raise into one line and an exit status."""
+    from baechi.client.errors import BaechiError, InvalidInput, PlanMismatch, ProfileError
+
     from baechi.errors import PlacementError
-    from client.errors import BaechiError, InvalidInput, PlanMismatch, ProfileError
 
     try:
         return int(verb(args) or 0)

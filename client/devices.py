@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from client.errors import PlanMismatch
+from baechi.client.errors import PlanMismatch
 
 _INDEX = re.compile(r"(\d+)\s*$")
 

@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
-from client.devices import cluster_device_names, local_devices, map_devices
-from client.errors import InvalidInput, PlanMismatch
+from baechi.client.devices import cluster_device_names, local_devices, map_devices
+from baechi.client.errors import InvalidInput, PlanMismatch
 
 
 @dataclass
@@ -137,7 +136,7 @@ class AppliedPlan:
 
         Returns a ``tf.function`` ``step(x, y) -> loss``.
         """
-        from client.train_step import make_train_step
+        from baechi.client.train_step import make_train_step
 
         optimizer = optimizer if optimizer is not None else self.optimizer
         if optimizer is None:

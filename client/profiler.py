@@ -3,8 +3,8 @@
 How it works:
 
 1. The training step (forward, loss, gradients, optimizer update; see
-   :mod:`client.train_step`) is traced with ``tf.function`` into a graph. Only the ops the step
-   really runs (ancestors of its outputs and side effects) are kept.
+   :mod:`baechi.client.train_step`) is traced with ``tf.function`` into a graph. Only the ops
+   the step really runs (ancestors of its outputs and side effects) are kept.
 2. That graph is imported into a TF1-style ``tf.Graph`` whose variables are copies of the
    model's and the optimizer's, and run by a ``tf.compat.v1.Session`` with ``FULL_TRACE``
    several times; every op's compute time is the median, over the steps, of its kernel time
@@ -27,8 +27,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from client.errors import ProfileError
-from client.train_step import input_signature, make_train_step, prepare, resolve_optimizer
+from baechi.client.errors import ProfileError
+from baechi.client.train_step import input_signature, make_train_step, prepare, resolve_optimizer
 
 #: Name scope TensorFlow gives the gradient ops of a ``tf.GradientTape``.
 GRADIENT_SCOPE = "gradient_tape/"

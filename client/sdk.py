@@ -19,9 +19,7 @@ from typing import Any
 
 import httpx
 import orjson
-
-from baechi.plan import Plan
-from client.errors import (
+from baechi.client.errors import (
     BaechiError,
     InvalidInput,
     PlacementCanceled,
@@ -29,8 +27,10 @@ from client.errors import (
     ServerError,
     WaitTimeout,
 )
-from client.progress import ProgressBar
-from client.transport import Transport
+from baechi.client.progress import ProgressBar
+from baechi.client.transport import Transport
+
+from baechi.plan import Plan
 
 #: Statuses after which a placement never changes again.
 TERMINAL = frozenset({"finished", "failed", "canceled"})
@@ -342,13 +342,13 @@ class BaechiClient:
     def profile(self, model: Any, x: Any, y: Any, loss: Any, optimizer: Any,
                 steps: int = 5, **kwargs: Any) -> dict[str, Any]:
         """Profile a Keras training step: see :func:`client.profile`."""
-        from client.profiler import profile
+        from baechi.client.profiler import profile
 
         return profile(model, x, y, loss, optimizer, steps=steps, **kwargs)
 
     def apply_plan(self, model: Any, plan: Any, optimizer: Any = None, **kwargs: Any) -> Any:
         """Pin a model onto local devices: see :func:`client.apply_plan`."""
-        from client.pinning import apply_plan
+        from baechi.client.pinning import apply_plan
 
         return apply_plan(model, plan, optimizer, **kwargs)
 

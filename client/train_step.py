@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from client.errors import ProfileError
+from baechi.client.errors import ProfileError
 
 #: Name scope of the loss, as Keras's ``compile_loss`` uses, so ``model.fit`` names match.
 LOSS_SCOPE = "compile_loss"

@@ -3,7 +3,7 @@
 Every request is retried on connection errors and on ``502``/``503``/``504`` (honouring a
 ``Retry-After`` header), with exponential backoff and jitter. Retrying is safe for every call
 of the API: ``POST /placements`` and ``POST /graphs`` are idempotent (DESIGN §7). Error
-responses become the exceptions of :mod:`client.errors`, carrying the server's JSON error.
+responses become the exceptions of :mod:`baechi.client.errors`, carrying the server's JSON error.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from typing import Any
 
 import httpx
 import orjson
-
-from client.errors import BaechiError, ServerError, ServiceUnavailable, error_for_status
+from baechi.client.errors import BaechiError, ServerError, ServiceUnavailable, error_for_status
 
 #: Statuses that mean "try again later".
 RETRY_STATUSES = frozenset({502, 503, 504})

@@ -33,17 +33,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import tensorflow as tf
+    from baechi.client.devices import local_devices, split_cpu
 
-    import client
-    from client.devices import local_devices, split_cpu
+    from baechi import client
 
     if not tf.config.list_physical_devices("GPU"):
         split_cpu(args.devices)
     kind, local = local_devices()
     print(f"devices: {len(local)} local {kind} device(s) stand for /GPU:0..{len(local) - 1}")
 
+    from baechi.client.models import EXAMPLES
+
     from baechi.algorithms import ALGORITHMS
-    from client.models import EXAMPLES
 
     model, x, y, loss, optimizer = EXAMPLES["cnn"].make(args.batch)
     model.compile(optimizer=optimizer, loss=loss)

@@ -1,15 +1,15 @@
-"""``python -m service``: the same as ``baechi serve``."""
+"""``python -m baechi.service``: the same as ``baechi serve``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from service.cli import add_serve_arguments, cmd_serve
+from baechi.service.cli import add_serve_arguments, cmd_serve
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m service", description="Run the API.")
+    parser = argparse.ArgumentParser(prog="python -m baechi.service", description="Run the API.")
     add_serve_arguments(parser)
     return cmd_serve(parser.parse_args(argv))
 

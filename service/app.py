@@ -6,6 +6,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from baechi.service import errors, jobs
+from baechi.service.connection import connect
+from baechi.service.deps import Services
+from baechi.service.limits import BodySizeLimit
+from baechi.service.metrics import Metrics, RequestMetrics
+from baechi.service.routes import graphs, health, placements
+from baechi.service.schemas import PlacementRequest
+from baechi.service.settings import Settings, get_settings
+from baechi.service.store import Store
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
@@ -13,15 +22,6 @@ from pydantic.json_schema import models_json_schema
 from baechi import __version__
 from baechi.algorithms import ALGORITHMS
 from baechi.plan import Plan
-from service import errors, jobs
-from service.connection import connect
-from service.deps import Services
-from service.limits import BodySizeLimit
-from service.metrics import Metrics, RequestMetrics
-from service.routes import graphs, health, placements
-from service.schemas import PlacementRequest
-from service.settings import Settings, get_settings
-from service.store import Store
 
 DESCRIPTION = """Placement as a service for ML training graphs (DESIGN §7).
 

@@ -48,9 +48,8 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _settings(verb: str, **overrides: Any) -> Any:
     """Settings from the environment, or ``None`` after printing why they are invalid."""
+    from baechi.service.settings import get_settings
     from pydantic import ValidationError
-
-    from service.settings import get_settings
 
     try:
         return get_settings(**{k: v for k, v in overrides.items() if v is not None})
@@ -71,7 +70,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if refusal:
         print(f"baechi serve: refusing to start: {refusal}", file=sys.stderr)
         return 2
-    from service.connection import RedisUnavailable, connect
+    from baechi.service.connection import RedisUnavailable, connect
 
     try:
         connect(settings.redis_url, check=True).close()
@@ -82,10 +81,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.workers > 1:
         # Several processes need an import string; each builds its app from the environment.
-        uvicorn.run("service.app:create_app", factory=True, host=settings.host,
+        uvicorn.run("baechi.service.app:create_app", factory=True, host=settings.host,
                     port=settings.port, workers=args.workers, log_level=args.log_level)
     else:
-        from service.app import create_app
+        from baechi.service.app import create_app
 
         uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
                     log_level=args.log_level)
@@ -97,7 +96,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings("worker")
     if settings is None:
         return 2
-    from worker.runner import run_worker
+    from baechi.worker.runner import run_worker
 
     return run_worker(settings, burst=args.burst, queue_name=args.queue, name=args.name,
                       logging_level=args.log_level)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from baechi.service.settings import redact_url
 from redis import Redis
 from redis.exceptions import RedisError
-
-from service.settings import redact_url
 
 
 class RedisUnavailable(Exception):

@@ -5,14 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
+from baechi.service.errors import ApiError
+from baechi.service.settings import ANONYMOUS_TENANT, Settings, key_digest
+from baechi.service.store import Store
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader
 from redis import Redis
 from rq import Queue
-
-from service.errors import ApiError
-from service.settings import ANONYMOUS_TENANT, Settings, key_digest
-from service.store import Store
 
 api_key_header = APIKeyHeader(
     name="X-API-Key", auto_error=False,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from baechi.service.schemas import ErrorResponse
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -17,7 +18,6 @@ from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from baechi.errors import PlacementError
-from service.schemas import ErrorResponse
 
 log = logging.getLogger(__name__)
 

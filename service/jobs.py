@@ -3,7 +3,7 @@
 The job id is the placement id. The job carries only that id (JSON-serialized, never
 pickled); the worker reads the request from the placement record and the graph from its own
 key. Job status and progress (``job.meta["progress"]``) are merged with the record by
-:mod:`service.lifecycle`.
+:mod:`baechi.service.lifecycle`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import suppress
 
+from baechi.service.settings import Settings
 from redis import Redis
 from rq import Callback, Queue, Retry
 from rq.command import send_stop_job_command
@@ -20,12 +21,10 @@ from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 from rq.timeouts import TimerDeathPenalty
 
-from service.settings import Settings
-
 #: The function a worker runs for a placement (imported by name in the worker).
-JOB_FUNCTION = "worker.jobs.run_placement"
+JOB_FUNCTION = "baechi.worker.jobs.run_placement"
 #: Called by RQ when a job fails outside the function: abandoned by a dead worker, crashed.
-FAILURE_CALLBACK = "worker.jobs.on_failure"
+FAILURE_CALLBACK = "baechi.worker.jobs.on_failure"
 #: DESIGN §7: a failed job is run once more.
 RETRIES = 1
 SERIALIZER = JSONSerializer

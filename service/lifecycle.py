@@ -12,11 +12,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from baechi.service import jobs
+from baechi.service.settings import Settings
+from baechi.service.store import PlacementRecord, Store
 from rq.job import Job, JobStatus
-
-from service import jobs
-from service.settings import Settings
-from service.store import PlacementRecord, Store
 
 WORKER_DIED = "worker_died"
 TIMEOUT = "timeout"

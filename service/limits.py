@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from baechi.service.errors import ApiError, error_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from service.errors import ApiError, error_response
 
 
 class BodyTooLarge(ApiError):

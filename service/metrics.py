@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Iterator
 
+from baechi.service.store import Store
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -23,8 +24,6 @@ from redis.exceptions import RedisError
 from rq import Queue, Worker
 from rq.registry import StartedJobRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from service.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -12,15 +12,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from baechi.service.errors import ApiError
+from baechi.service.schemas import DEFAULT_ALGORITHM
+from baechi.service.settings import Settings
 
 from baechi.algorithms import ALGORITHMS
 from baechi.cluster import Cluster
 from baechi.errors import InvalidCluster, InvalidRequest
 from baechi.graph import Graph, load_graph
 from baechi.options import Options
-from service.errors import ApiError
-from service.schemas import DEFAULT_ALGORITHM
-from service.settings import Settings
 
 #: Largest byte count accepted anywhere (a signed 64-bit integer).
 MAX_BYTES = 2**63 - 1

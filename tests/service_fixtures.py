@@ -3,7 +3,7 @@
 Loaded by ``tests/conftest.py`` (``pytest_plugins``), so every test module can use them.
 Nothing is mocked: Redis is ``/usr/bin/redis-server`` (or ``$BAECHI_REDIS_SERVER``) on a free
 loopback port with its own temp dir — never the system Redis on 6379 — and the API and the
-workers are subprocesses (``python -m service``, ``python -m worker``). Tests needing them are
+workers are subprocesses (``python -m baechi.service``, ``python -m baechi.worker``). Tests needing them are
 skipped, saying so, where ``redis-server`` is missing (CI installs it).
 
 Fixtures
@@ -266,7 +266,7 @@ class Service:
         self._count = 0
 
     def start(self) -> Service:
-        self.api = Process("api", [PYTHON, "-m", "service", "--port", str(self.port),
+        self.api = Process("api", [PYTHON, "-m", "baechi.service", "--port", str(self.port),
                                    "--log-level", "warning"],
                            self.env, self.dir / "api.log")
         for _ in range(self._initial_workers):
@@ -302,10 +302,10 @@ class Service:
 
     def start_worker(self, wait: bool = True, queue: str | None = None,
                      **env: str) -> Process:
-        """Start one more ``python -m worker`` (``env``: extra BAECHI_* settings)."""
+        """Start one more ``python -m baechi.worker`` (``env``: extra BAECHI_* settings)."""
         self._count += 1
         name = f"w{self._count}-{self.port}"
-        args = [PYTHON, "-m", "worker", "--name", name]
+        args = [PYTHON, "-m", "baechi.worker", "--name", name]
         if queue:
             args += ["--queue", queue]
         worker = Process(name, args, {**self.env, **env}, self.dir / f"{name}.log")

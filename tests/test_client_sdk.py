@@ -15,10 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
+from baechi.client.progress import ProgressBar
 
-import client
+from baechi import client
 from baechi.cli import main
-from client.progress import ProgressBar
 
 URL = "http://baechi.test"
 GRAPH = {"format": "baechi.graph/v1", "name": "g",
@@ -237,8 +237,8 @@ def test_wait_draws_no_bar_when_stderr_is_not_a_terminal(
 def test_http_part_needs_no_tensorflow() -> None:
     import subprocess
 
-    code = ("import sys, client; from client import BaechiClient; "
-            "import client.cli; assert 'tensorflow' not in sys.modules, 'tf imported'")
+    code = ("import sys; from baechi import client; from baechi.client import BaechiClient; "
+            "import baechi.client.cli; assert 'tensorflow' not in sys.modules, 'tf imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

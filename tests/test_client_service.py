@@ -17,7 +17,7 @@ from conftest import DATA
 from service_fixtures import chain_graph, cluster, needs_redis
 
 import baechi
-import client
+from baechi import client
 from baechi.cli import main
 
 pytestmark = [pytest.mark.service, needs_redis]

@@ -64,7 +64,7 @@ def test_dockerfile_installs_the_server_extra_and_runs_baechi() -> None:
 
 # ------------------------------------------------------------------------------ CLI
 def test_register_adds_serve_and_worker_verbs() -> None:
-    from service.cli import cmd_serve, cmd_worker, register
+    from baechi.service.cli import cmd_serve, cmd_worker, register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="verb"))
@@ -75,20 +75,20 @@ def test_register_adds_serve_and_worker_verbs() -> None:
 
 
 def test_cli_module_imports_nothing_heavy() -> None:
-    code = ("import sys, service.cli; heavy = {'fastapi', 'uvicorn', 'rq', 'redis'} & "
+    code = ("import sys, baechi.service.cli; heavy = {'fastapi', 'uvicorn', 'rq', 'redis'} & "
             "set(sys.modules); print(sorted(heavy)); sys.exit(1 if heavy else 0)")
     result = run([sys.executable, "-c", code])
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_serve_refuses_to_start_without_keys() -> None:
-    result = run([sys.executable, "-m", "service"])
+    result = run([sys.executable, "-m", "baechi.service"])
     assert result.returncode == 2
     assert "BAECHI_API_KEYS" in result.stderr and "BAECHI_ALLOW_ANONYMOUS" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("module", ["service", "worker"])
+@pytest.mark.parametrize("module", ["baechi.service", "baechi.worker"])
 def test_unreachable_redis_is_one_line_naming_the_url(module: str) -> None:
     url = f"redis://user:secret@127.0.0.1:{free_port()}/0"
     result = run([sys.executable, "-m", module],
@@ -100,13 +100,13 @@ def test_unreachable_redis_is_one_line_naming_the_url(module: str) -> None:
 
 
 def test_bad_setting_is_reported() -> None:
-    result = run([sys.executable, "-m", "worker"], env={"BAECHI_MAX_OPS": "many"})
+    result = run([sys.executable, "-m", "baechi.worker"], env={"BAECHI_MAX_OPS": "many"})
     assert result.returncode == 2
     assert "BAECHI_MAX_OPS" in result.stderr
 
 
 def test_api_keys_comma_separated_or_json() -> None:
-    from service.settings import Settings
+    from baechi.service.settings import Settings
 
     assert Settings(api_keys="a, b,,c").api_keys == ("a", "b", "c")
     assert Settings(api_keys='["a", "b"]').api_keys == ("a", "b")
@@ -117,21 +117,20 @@ def test_api_keys_comma_separated_or_json() -> None:
 
 @needs_redis
 def test_baechi_worker_burst_and_health(redis_server: RedisServer, tmp_path: Path) -> None:
-    """The real entry points: ``python -m worker --burst`` drains the queue and exits 0."""
+    """The real entry points: ``python -m baechi.worker --burst`` drains the queue and exits 0."""
     env = {"BAECHI_REDIS_URL": redis_server.url.rsplit("/", 1)[0] + "/4",
            "BAECHI_QUEUE_NAME": "burst-test"}
-    result = run([sys.executable, "-m", "worker", "--burst"], env=env, timeout=60)
+    result = run([sys.executable, "-m", "baechi.worker", "--burst"], env=env, timeout=60)
     assert result.returncode == 0, result.stderr
-    health = run([sys.executable, "-m", "worker.health"], env=env)
+    health = run([sys.executable, "-m", "baechi.worker.health"], env=env)
     assert health.returncode == 1 and "unhealthy" in health.stderr
 
 
 @needs_redis
 def test_anonymous_access_only_when_allowed(redis_server: RedisServer) -> None:
+    from baechi.service.app import create_app
+    from baechi.service.settings import Settings
     from fastapi.testclient import TestClient
-
-    from service.app import create_app
-    from service.settings import Settings
 
     url = redis_server.url.rsplit("/", 1)[0] + "/6"
     assert Settings(redis_url=url).refusal() is not None

@@ -9,11 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from baechi.service.lifecycle import ENQUEUE_GRACE_S, describe_failure, resolve
+from baechi.service.settings import Settings
+from baechi.service.store import STATS_KEY, PlacementRecord, Store, placement_key
 from service_fixtures import RedisServer, needs_redis
-
-from service.lifecycle import ENQUEUE_GRACE_S, describe_failure, resolve
-from service.settings import Settings
-from service.store import STATS_KEY, PlacementRecord, Store, placement_key
 
 pytestmark = [needs_redis, pytest.mark.service]
 

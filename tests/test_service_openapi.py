@@ -40,8 +40,8 @@ CHECKS = [no_internal_error, status_code_conformance, content_type_conformance,
 
 @pytest.fixture(scope="module")
 def app(redis_server: RedisServer) -> Any:
-    from service.app import create_app
-    from service.settings import Settings
+    from baechi.service.app import create_app
+    from baechi.service.settings import Settings
 
     # Database 1: generated placements are queued there, away from the live workers' queue.
     url = redis_server.url.rsplit("/", 1)[0] + "/1"

@@ -29,7 +29,7 @@ NOT_COMPUTE = {"Placeholder", "NoOp", "VarHandleOp", "Const"}
 @pytest.fixture(scope="module")
 def tf() -> Any:
     tf = pytest.importorskip("tensorflow")
-    from client.devices import split_cpu
+    from baechi.client.devices import split_cpu
 
     try:
         split_cpu(DEVICES)
@@ -42,12 +42,12 @@ class Profiled:
     """A bundled example, its profile, and the state to restore before each run."""
 
     def __init__(self, name: str) -> None:
-        from client.models import EXAMPLES
+        from baechi.client.models import EXAMPLES
 
         self.example = EXAMPLES[name]
         self.model, self.x, self.y, self.loss, self.optimizer = self.example.make()
         started = time.perf_counter()
-        import client
+        from baechi import client
 
         self.graph = client.profile(self.model, self.x, self.y, self.loss, self.optimizer,
                                     steps=3 if name != "resnet50" else 2)
@@ -173,8 +173,9 @@ def test_profile_bytes_come_from_shapes(profiled: dict[str, Profiled]) -> None:
 
 
 def test_profile_leaves_the_model_untouched(tf: Any) -> None:
-    import client
-    from client.models import EXAMPLES
+    from baechi.client.models import EXAMPLES
+
+    from baechi import client
 
     model, x, y, loss, optimizer = EXAMPLES["cnn"].make(4, seed=3)
     optimizer.build(model.trainable_variables)
@@ -189,9 +190,9 @@ def test_profile_leaves_the_model_untouched(tf: Any) -> None:
 def placed_against_unplaced(p: Profiled, plan: Any, steps: int = 3) -> tuple[list, list, Any]:
     """Losses of ``steps`` unplaced steps, then of the same steps placed by ``plan``."""
     import tensorflow as tf
+    from baechi.client.train_step import make_train_step
 
-    import client
-    from client.train_step import make_train_step
+    from baechi import client
 
     p.restore()
     unplaced = tf.function(make_train_step(p.model, p.loss, p.optimizer))
@@ -237,7 +238,7 @@ def test_apply_plan_with_an_engine_plan(profiled: dict[str, Profiled], name: str
 
 
 def test_apply_plan_model_fit(profiled: dict[str, Profiled]) -> None:
-    import client
+    from baechi import client
 
     p = get(profiled, "cnn")
     x = np.concatenate([p.x] * 3)
@@ -279,7 +280,7 @@ def test_resnet50_placed_equals_unplaced(profiled: dict[str, Profiled]) -> None:
 
 
 def test_apply_plan_refuses_a_plan_for_more_devices(profiled: dict[str, Profiled]) -> None:
-    import client
+    from baechi import client
 
     p = get(profiled, "cnn")
     plan = striped_plan(p.graph, devices=DEVICES + 2)
@@ -288,7 +289,7 @@ def test_apply_plan_refuses_a_plan_for_more_devices(profiled: dict[str, Profiled
 
 
 def test_apply_plan_refuses_another_models_plan(profiled: dict[str, Profiled]) -> None:
-    import client
+    from baechi import client
 
     cnn, lstm = get(profiled, "cnn"), get(profiled, "lstm")
     with pytest.raises(client.PlanMismatch, match="names none of the variables"):
@@ -317,8 +318,9 @@ def test_ops_the_plan_does_not_name_stay_where_tf_puts_them(
 def test_profile_cli_verb(tf: Any, tmp_path: Any) -> None:
     import argparse
 
+    from baechi.client.cli import cmd_profile
+
     import baechi
-    from client.cli import cmd_profile
 
     out = tmp_path / "cnn.json"
     args = argparse.Namespace(model="cnn", batch=4, steps=1, output=str(out))

@@ -1,4 +1,4 @@
-"""RQ workers that run placements: ``baechi worker`` (or ``python -m worker``).
+"""RQ workers that run placements: ``baechi worker`` (or ``python -m baechi.worker``).
 
 A worker takes a placement id from the queue, reads the request and graph from Redis, runs
 :func:`baechi.place` in a forked work horse, and stores the plan under its own key.

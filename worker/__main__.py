@@ -1,15 +1,15 @@
-"""``python -m worker``: the same as ``baechi worker``."""
+"""``python -m baechi.worker``: the same as ``baechi worker``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from service.cli import add_worker_arguments, cmd_worker
+from baechi.service.cli import add_worker_arguments, cmd_worker
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m worker", description="Run a worker.")
+    parser = argparse.ArgumentParser(prog="python -m baechi.worker", description="Run a worker.")
     add_worker_arguments(parser)
     return cmd_worker(parser.parse_args(argv))
 

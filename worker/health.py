@@ -1,7 +1,8 @@
-"""``python -m worker.health``: exit 0 when a worker of this host sent a recent heartbeat.
+"""``python -m baechi.worker.health``: exit 0 when a worker of this host sent a recent heartbeat.
 
 The compose file uses it as the worker container's healthcheck: workers are named
-``{hostname}.{pid}`` (see :func:`worker.runner.default_name`), so each container checks its own.
+``{hostname}.{pid}`` (see :func:`baechi.worker.runner.default_name`), so each container
+checks its own.
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ import time
 
 
 def main() -> int:
+    from baechi.service import jobs
+    from baechi.service.connection import RedisUnavailable, connect
+    from baechi.service.settings import get_settings
     from redis.exceptions import RedisError
     from rq import Queue, Worker
-
-    from service import jobs
-    from service.connection import RedisUnavailable, connect
-    from service.settings import get_settings
 
     settings = get_settings()
     prefix = socket.gethostname() + "."

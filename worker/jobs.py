@@ -14,6 +14,10 @@ from types import TracebackType
 from typing import Any
 
 import orjson
+from baechi.service.lifecycle import INTERNAL, TIMEOUT, describe_failure
+from baechi.service.settings import Settings, get_settings
+from baechi.service.store import PlacementRecord, Store, placement_key
+from baechi.worker.progress import Canceled, ProgressReporter
 from redis import Redis
 from rq import get_current_job
 from rq.job import Job
@@ -21,10 +25,6 @@ from rq.timeouts import JobTimeoutException
 
 import baechi
 from baechi.errors import PlacementError
-from service.lifecycle import INTERNAL, TIMEOUT, describe_failure
-from service.settings import Settings, get_settings
-from service.store import PlacementRecord, Store, placement_key
-from worker.progress import Canceled, ProgressReporter
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def _canceled(store: Store, placement_id: str) -> bool:
 
 
 def _attempt(job: Job) -> int:
-    from service.jobs import RETRIES
+    from baechi.service.jobs import RETRIES
 
     left = job.retries_left if job.retries_left is not None else RETRIES
     return RETRIES - left + 1

@@ -12,15 +12,14 @@ import os
 import socket
 import sys
 
+from baechi.service import jobs
+from baechi.service.lifecycle import describe_failure
+from baechi.service.settings import Settings
+from baechi.service.store import Store
 from redis import Redis
 from rq import Worker
 from rq.job import Job, JobStatus
 from rq.queue import Queue
-
-from service import jobs
-from service.lifecycle import describe_failure
-from service.settings import Settings
-from service.store import Store
 
 
 class PlacementWorker(Worker):
@@ -54,7 +53,7 @@ class PlacementWorker(Worker):
         # A work horse killed by a signal (OOM killer, kill -9) fails here without RQ calling
         # the job's failure callback; record it once the retry is spent.
         if job.get_status(refresh=True) == JobStatus.FAILED:
-            from worker.jobs import record_failure
+            from baechi.worker.jobs import record_failure
 
             ran = (job.ended_at - job.started_at).total_seconds() \
                 if job.ended_at and job.started_at else None
@@ -71,8 +70,9 @@ def default_name() -> str:
 
 def preload() -> None:
     """Import the engine before forking, so each work horse starts with it loaded."""
+    import baechi.worker.jobs
+
     import baechi.algorithms  # noqa: F401
-    import worker.jobs  # noqa: F401
 
 
 def build_worker(settings: Settings, redis: Redis, queue_name: str | None = None,
@@ -96,7 +96,7 @@ def build_worker(settings: Settings, redis: Redis, queue_name: str | None = None
 def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | None = None,
                name: str | None = None, logging_level: str = "INFO") -> int:
     """Run a worker until it is stopped (or, with ``burst``, until the queue is empty)."""
-    from service.connection import RedisUnavailable, connect
+    from baechi.service.connection import RedisUnavailable, connect
 
     try:
         redis = connect(settings.redis_url, check=True)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+from baechi.service.deps import RawBody, ServicesDep, Tenant
+from baechi.service.errors import ApiError, responses
+from baechi.service.schemas import GraphUploaded
+from baechi.service.store import GraphInfo
+from baechi.service.validation import parse_graph, parse_json
 from fastapi import APIRouter, Response
-
-from service.deps import RawBody, ServicesDep, Tenant
-from service.errors import ApiError, responses
-from service.schemas import GraphUploaded
-from service.store import GraphInfo
-from service.validation import parse_graph, parse_json
 
 router = APIRouter(tags=["graphs"])
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+from baechi.service.deps import ServicesDep
+from baechi.service.errors import ApiError, responses
+from baechi.service.metrics import live_workers
+from baechi.service.schemas import Health, Ready
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-from service.deps import ServicesDep
-from service.errors import ApiError, responses
-from service.metrics import live_workers
-from service.schemas import Health, Ready
 
 router = APIRouter(tags=["health"])
 

@@ -11,14 +11,11 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
-from fastapi.responses import HTMLResponse
-
-from service import jobs
-from service.deps import RawBody, Services, ServicesDep, Tenant
-from service.errors import ApiError, responses
-from service.lifecycle import View, resolve
-from service.schemas import (
+from baechi.service import jobs
+from baechi.service.deps import RawBody, Services, ServicesDep, Tenant
+from baechi.service.errors import ApiError, responses
+from baechi.service.lifecycle import View, resolve
+from baechi.service.schemas import (
     ErrorInfo,
     GraphSummary,
     Links,
@@ -27,8 +24,10 @@ from service.schemas import (
     PlacementStatus,
     Progress,
 )
-from service.store import PlacementRecord
-from service.validation import parse_json, parse_placement
+from baechi.service.store import PlacementRecord
+from baechi.service.validation import parse_json, parse_placement
+from fastapi import APIRouter, Query, Response
+from fastapi.responses import HTMLResponse
 
 router = APIRouter(tags=["placements"])
 
