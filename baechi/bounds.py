@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
+from baechi.costmodel import INSTANT_US
 from baechi.graph import Graph
 from baechi.grouping import Units
-
-#: Ops shorter than this (µs) may end at the instant they start once added to a start time
-#: (floating point), and then free their inputs before allocating: their inputs do not count.
-INSTANT_US = 1e-6
 
 
 def running_bytes(graph: Graph, op: int) -> int:

@@ -7,10 +7,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from baechi.cluster import describe_validation_error
+from baechi.defaults import DEFAULT_TIME_LIMIT_S
 from baechi.errors import InvalidRequest
-
-#: Solver time limit when a request gives none, in seconds.
-DEFAULT_TIME_LIMIT_S = 60.0
 
 
 class Options(BaseModel):

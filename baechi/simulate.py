@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from baechi.cluster import Cluster
+from baechi.costmodel import CostModel
 from baechi.errors import InvalidPlan
 from baechi.graph import Graph, find_cycle, load_graph
 from baechi.plan import Estimate, Plan
@@ -81,19 +82,16 @@ def lower_bound_us(graph: Graph, cluster: Cluster) -> float:
 
 
 def _timing(
-    graph: Graph, cluster: Cluster, device_of: list[int], orders: list[list[int]]
+    cost: CostModel, device_of: list[int], orders: list[list[int]]
 ) -> tuple[list[float], list[float], Transfers, list[float], dict[tuple[Any, ...], int]]:
     """Event-driven execution; returns start, end, transfers, edge arrivals, transfer per key."""
+    graph = cost.graph
     n = len(graph)
-    devices = cluster.devices
-    speed = [d.speed for d in devices]
-    network = cluster.network
-    latency = network.latency_us
-    per_byte = 1.0 / (network.bandwidth_gbps * 1000.0)
-    sequential = network.mode == "sequential"
-    compute = graph.compute_us
+    devices = cost.cluster.devices
+    op_us = cost.op_us
+    sequential = cost.sequential
     in_edges, out_edges = graph.in_edges, graph.out_edges
-    edge_dst, edge_bytes = graph.edge_dst, graph.edge_bytes
+    edge_dst = graph.edge_dst
     edge_tensor, edge_control = graph.edge_tensor, graph.edge_control
 
     start = [0.0] * n
@@ -117,7 +115,7 @@ def _timing(
             for k in in_edges[op]:
                 if arrival[k] > s:
                     s = arrival[k]
-            e = s + compute[op] / speed[d]
+            e = s + op_us[d][op]
             start[op] = s
             end[op] = e
             device_free[d] = e
@@ -135,21 +133,21 @@ def _timing(
                 arrival[k] = t
             else:
                 control = edge_control[k]
-                key = (op, dd, None, 0) if control else (op, dd, edge_tensor[k], edge_bytes[k])
+                key = cost.transfer_key(k, dd)
                 index = sent.get(key)
                 if index is None:
-                    nbytes = 0 if control else edge_bytes[k]
-                    cost = latency + nbytes * per_byte
+                    nbytes = cost.message_bytes(k)
+                    duration = cost.transfer_us(k, d, dd)
                     s = t
                     if sequential:
                         s = max(t, channel_free[d], channel_free[dd])
-                        channel_free[d] = channel_free[dd] = s + cost
+                        channel_free[d] = channel_free[dd] = s + duration
                     index = sent[key] = len(transfers)
                     transfers.src_op.append(op)
                     transfers.src_device.append(d)
                     transfers.dst_device.append(dd)
                     transfers.start.append(s)
-                    transfers.end.append(s + cost)
+                    transfers.end.append(s + duration)
                     transfers.nbytes.append(nbytes)
                     transfers.control.append(control)
                     transfers.tensor.append("" if control else edge_tensor[k])
@@ -179,8 +177,7 @@ def _peak(alloc: np.ndarray, free: np.ndarray, nbytes: np.ndarray, base: int) ->
 
 
 def _memory(
-    graph: Graph,
-    cluster: Cluster,
+    cost: CostModel,
     device_of: list[int],
     start: list[float],
     end: list[float],
@@ -188,7 +185,8 @@ def _memory(
     arrival: list[float],
     sent: dict[tuple[Any, ...], int],
 ) -> list[MemoryTrace]:
-    n_dev = len(cluster.devices)
+    graph = cost.graph
+    n_dev = len(cost.cluster.devices)
     ops_on: list[list[int]] = [[] for _ in range(n_dev)]
     for op, d in enumerate(device_of):
         ops_on[d].append(op)
@@ -205,7 +203,7 @@ def _memory(
         else:
             if arrival[k] > output_free[src]:
                 output_free[src] = arrival[k]
-            index = sent[(src, device_of[dst], graph.edge_tensor[k], graph.edge_bytes[k])]
+            index = sent[cost.transfer_key(k, device_of[dst])]
             if end[dst] > copy_free[index]:
                 copy_free[index] = end[dst]
     copies_on: list[list[int]] = [[] for _ in range(n_dev)]
@@ -230,22 +228,28 @@ def _memory(
 
 
 def trace(
-    graph: Graph, cluster: Cluster, device_of: list[int], orders: list[list[int]]
+    graph: Graph, cluster: Cluster, device_of: list[int], orders: list[list[int]],
+    cost: CostModel | None = None,
 ) -> tuple[list[float], list[float], Transfers, list[MemoryTrace]]:
-    """Start and end per op, transfers, and memory per device for consistent orders."""
-    start, end, transfers, arrival, sent = _timing(graph, cluster, device_of, orders)
-    memory = _memory(graph, cluster, device_of, start, end, transfers, arrival, sent)
+    """Start and end per op, transfers, and memory per device for consistent orders.
+
+    ``cost``: the request's :class:`~baechi.costmodel.CostModel`, built when not given.
+    """
+    cost = cost or CostModel(graph, cluster)
+    start, end, transfers, arrival, sent = _timing(cost, device_of, orders)
+    memory = _memory(cost, device_of, start, end, transfers, arrival, sent)
     return start, end, transfers, memory
 
 
 def replay(
-    graph: Graph, cluster: Cluster, device_of: list[int], orders: list[list[int]]
+    graph: Graph, cluster: Cluster, device_of: list[int], orders: list[list[int]],
+    cost: CostModel | None = None,
 ) -> Simulation:
     """Simulate ``orders[d]`` (op indices) on each device ``d``; orders must be consistent.
 
     Use :func:`check_orders` first when the orders come from outside.
     """
-    start, end, transfers, memory = trace(graph, cluster, device_of, orders)
+    start, end, transfers, memory = trace(graph, cluster, device_of, orders, cost)
     names = [d.name for d in cluster.devices]
     peaks = {name: m.peak for name, m in zip(names, memory, strict=True)}
     memory_ok = all(

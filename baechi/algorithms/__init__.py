@@ -11,10 +11,8 @@ from baechi.algorithms.fill import place_fill
 from baechi.algorithms.sct import place_sct
 from baechi.algorithms.single import place_single
 from baechi.algorithms.topo import place_topo
+from baechi.defaults import DEFAULT_ALGORITHM
 from baechi.errors import InvalidRequest
-
-#: Algorithm used when a request or the CLI names none.
-DEFAULT_ALGORITHM = "m-etf"
 
 #: Algorithm name → function, as accepted by ``place`` and the API.
 ALGORITHMS: dict[str, Algorithm] = {

@@ -25,7 +25,7 @@ import math
 from typing import Any
 
 from baechi.algorithms.base import Assignment, Problem
-from baechi.bounds import INSTANT_US
+from baechi.costmodel import INSTANT_US
 
 
 def remaining_path(problem: Problem) -> list[float]:

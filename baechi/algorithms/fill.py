@@ -8,7 +8,7 @@ last resort when the requested algorithm finds no plan within memory.
 from __future__ import annotations
 
 from baechi.algorithms.base import Assignment, Problem
-from baechi.bounds import INSTANT_US
+from baechi.costmodel import INSTANT_US
 from baechi.errors import InfeasiblePlacement
 
 
