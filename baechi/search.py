@@ -1,0 +1,531 @@
+"""Local search over placements and orders, for graphs too large for an exact solver.
+
+:func:`improve` starts from a plan (a heuristic's, within memory) and returns a plan that is
+never worse under the simulator, stopping at a deadline. It is an iterated local search:
+
+- **Representation.** A plan is a device per op plus one *rank*: a topological order of the
+  whole graph. Each device's order is the subsequence of the rank on that device, so every
+  candidate's orders are consistent by construction (all edges and device chains go forward
+  in one linear order). The start plan's orders are kept exactly: its rank is a linear
+  extension of its graph edges plus device chains. After each accepted move the rank is
+  re-sorted by the new schedule's start times, so a moved op is inserted on its new device
+  where it ran.
+- **Moves**, aimed at the critical path (walked back from the op that ends last through what
+  set each start: an input's arrival or the device being busy): move a unit to the device of
+  the producer whose transfer it waited for, or the producer's unit to it; move a unit that
+  waited for a busy device to another device; swap it with the unit running there at that
+  time; run it before the op it waited behind on its device; re-rank every device by upward
+  rank (longest remaining path with this placement's transfers). Units
+  (:class:`~baechi.grouping.Units`: colocation groups, forward pairs, pins) move as one;
+  pinned units never move; a unit never goes where one of its ops cannot run (infinite time).
+- **Acceptance.** First improvement, exactly as the simulator computes it
+  (:class:`~baechi.evaluator.PlanEvaluator`: incremental replays from checkpoints, pruned as
+  soon as a candidate cannot beat the current plan); memory must stay within every limit
+  (persistent bytes screened first, then the simulated peaks). When no candidate improves,
+  the best plan is *perturbed* (a few random unit moves that fit) and the search goes on from
+  there, keeping the best plan found.
+- **The judge.** The returned plan is replayed with :func:`~baechi.simulate.replay`; if that
+  disagreed with the search's evaluator, or were worse than the start, the start is returned.
+
+Examples
+--------
+>>> import time
+>>> from baechi import Cluster, load_graph
+>>> from baechi.grouping import colocation_units
+>>> g = load_graph({"format": "baechi.graph/v1",
+...     "ops": [{"name": n, "compute_us": 10} for n in "abcd"],
+...     "edges": [{"src": "a", "dst": "b", "bytes": 0}, {"src": "a", "dst": "c", "bytes": 0},
+...               {"src": "b", "dst": "d", "bytes": 0}, {"src": "c", "dst": "d", "bytes": 0}]})
+>>> cluster = Cluster.uniform(2, latency_us=1)
+>>> device_of, orders, stats = improve(g, cluster, [0, 0, 0, 0], [[0, 1, 2, 3], []],
+...     units=colocation_units(g, cluster), deadline=time.perf_counter() + 0.2)
+>>> stats.start_step_us, stats.step_us
+(40.0, 31.0)
+>>> device_of, orders
+([0, 1, 0, 1], [[0, 2], [1, 3]])
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from baechi.cluster import Cluster
+from baechi.costmodel import CostModel
+from baechi.errors import InvalidPlan
+from baechi.evaluator import Evaluation, PlanEvaluator
+from baechi.graph import Graph
+from baechi.grouping import Units
+from baechi.simulate import check_orders, replay
+
+#: Random unit moves applied to the best plan when the search is stuck.
+PERTURB_MOVES = 3
+
+
+@dataclass
+class SearchStats:
+    """What :func:`improve` did.
+
+    ``moves_evaluated`` counts candidate plans replayed (most only in part: from a
+    checkpoint, and stopped once they cannot win); ``moves_accepted`` the improving ones;
+    ``note`` says why the start plan was returned unchanged, when it was for a reason other
+    than finding nothing better.
+    """
+
+    start_step_us: float
+    step_us: float
+    moves_evaluated: int = 0
+    moves_accepted: int = 0
+    perturbations: int = 0
+    seconds: float = 0.0
+    note: str = ""
+
+    @property
+    def improvement(self) -> float:
+        """Relative improvement over the start, in [0, 1)."""
+        if self.start_step_us <= 0:
+            return 0.0
+        return 1.0 - self.step_us / self.start_step_us
+
+    @property
+    def moves_per_second(self) -> float:
+        return self.moves_evaluated / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, with the derived figures."""
+        return {**asdict(self), "improvement": self.improvement,
+                "moves_per_second": self.moves_per_second}
+
+
+@dataclass
+class _Move:
+    """A candidate: units sent to devices and/or one op run earlier in the rank."""
+
+    units: tuple[tuple[int, int], ...] = ()  # (unit, destination device)
+    before: tuple[int, int] | None = None  # (op, op it now runs before)
+
+
+class _Search:
+    """The state of one :func:`improve` call (kept out of module globals)."""
+
+    def __init__(
+        self, graph: Graph, cluster: Cluster, units: Units, cost: CostModel,
+        evaluator: PlanEvaluator, rng: random.Random,
+    ) -> None:
+        self.graph = graph
+        self.units = units
+        self.cost = cost
+        self.ev = evaluator
+        self.rng = rng
+        self.n_dev = len(cluster.devices)
+        self.limits = [math.inf if d.memory_bytes is None else d.memory_bytes
+                       for d in cluster.devices]
+        op_us = cost.op_us
+        self.allowed: list[list[int]] = []
+        for unit, members in enumerate(units.members):
+            pin = units.pin[unit]
+            self.allowed.append([
+                d for d in range(self.n_dev)
+                if (pin < 0 or pin == d) and all(math.isfinite(op_us[d][op]) for op in members)
+            ])
+        self.unit_persistent = [0] * len(units)
+        for op, unit in enumerate(units.unit_of):
+            self.unit_persistent[unit] += graph.persistent_bytes[op]
+
+    # ------------------------------------------------------------------ plan state
+    def adopt(self, device_of: list[int], rank: list[int], evaluation: Evaluation) -> None:
+        """Make a plan current: its placement, rank, replay and derived indexes."""
+        self.device_of = device_of
+        self.rank = rank
+        self.cur = evaluation
+        self.orders = evaluation.orders
+        self.rank_of = [0] * len(rank)
+        for i, op in enumerate(rank):
+            self.rank_of[op] = i
+        self.index_in_order = [0] * len(device_of)
+        for order in self.orders:
+            for i, op in enumerate(order):
+                self.index_in_order[op] = i
+        self.persistent_on = [0] * self.n_dev
+        for unit, members in enumerate(self.units.members):
+            self.persistent_on[device_of[members[0]]] += self.unit_persistent[unit]
+
+    def orders_of(self, device_of: list[int], rank: list[int]) -> list[list[int]]:
+        orders: list[list[int]] = [[] for _ in range(self.n_dev)]
+        appenders = [o.append for o in orders]
+        for op in rank:
+            appenders[device_of[op]](op)
+        return orders
+
+    @staticmethod
+    def resorted_rank(rank: list[int], evaluation: Evaluation) -> list[int]:
+        """``rank`` sorted by (start, commit instant, position in ``rank``): still a linear
+        extension of the graph and of the device chains ``rank`` gives, and it follows the
+        schedule, so a moved op is later inserted on its new device where it ran."""
+        start, commit = evaluation.start, evaluation.commit
+        rank_of = [0] * len(rank)
+        for i, op in enumerate(rank):
+            rank_of[op] = i
+        return sorted(rank, key=lambda op: (start[op], commit[op], rank_of[op]))
+
+    # ------------------------------------------------------------------ candidates
+    def apply(self, move: _Move) -> tuple[list[int], list[list[int]], list[int], float] | None:
+        """The candidate plan (device_of, orders, rank) and the instant from which it may
+        behave differently from the current plan; ``None`` when it cannot fit or is a no-op."""
+        units = self.units
+        device_of = self.device_of
+        rank = self.rank
+        changed: set[int] = set()
+        moved: list[int] = []
+        if move.units:
+            persistent = list(self.persistent_on)
+            device_of = list(device_of)
+            for unit, d in move.units:
+                members = units.members[unit]
+                old = device_of[members[0]]
+                if old == d:
+                    continue
+                persistent[old] -= self.unit_persistent[unit]
+                persistent[d] += self.unit_persistent[unit]
+                for op in members:
+                    device_of[op] = d
+                moved.extend(members)
+                changed.update((old, d))
+            if not moved or any(p > lim for p, lim in zip(persistent, self.limits, strict=True)):
+                return None
+        if move.before is not None:
+            op, ahead = move.before
+            rank = list(rank)
+            rank.pop(self.rank_of[op])
+            rank.insert(self.rank_of[ahead], op)
+            changed.add(device_of[op])
+        orders = list(self.orders)
+        rank_of = self.rank_of
+        for d in changed:
+            if move.before is None:
+                orders[d] = sorted(
+                    [op for op in self.orders[d] if device_of[op] == d]
+                    + [op for op in moved if device_of[op] == d],
+                    key=rank_of.__getitem__)
+            else:
+                orders[d] = [op for op in rank if device_of[op] == d]
+        return device_of, orders, rank, self.since(orders, changed, moved)
+
+    def since(self, orders: list[list[int]], changed: set[int], moved: list[int]) -> float:
+        """The earliest simulated instant at which the candidate may behave differently
+        from the current plan (see :meth:`PlanEvaluator.run`)."""
+        cur = self.cur
+        commit, end = cur.commit, cur.end
+        graph = self.graph
+        edge_src, in_edges = graph.edge_src, graph.in_edges
+        since = math.inf
+        for d in changed:
+            old, new = self.orders[d], orders[d]
+            i = _first_difference(old, new)
+            if i < len(old):
+                since = min(since, commit[old[i]])
+            if i < len(new):
+                ready = max((end[edge_src[k]] for k in in_edges[new[i]]), default=-math.inf)
+                previous = commit[new[i - 1]] if i else -math.inf
+                since = min(since, max(previous, ready))
+        for op in moved:
+            for k in in_edges[op]:
+                since = min(since, end[edge_src[k]])
+        return since
+
+    def critical_path(self) -> list[tuple[int, int]]:
+        """(op, what set its start) from the last op back: an in-edge id, or -1 when the
+        device was busy (the op ran right after its predecessor there)."""
+        cur = self.cur
+        start, end, binding = cur.start, cur.end, cur.binding
+        if not end:
+            return []
+        op = max(range(len(end)), key=end.__getitem__)
+        path = []
+        edge_src = self.graph.edge_src
+        while True:
+            b = binding[op]
+            path.append((op, b))
+            if start[op] <= 0:
+                break
+            if b >= 0:
+                op = edge_src[b]
+                continue
+            i = self.index_in_order[op]
+            if not i:
+                break
+            op = self.orders[self.device_of[op]][i - 1]
+        return path
+
+    def candidates(self) -> Iterator[_Move]:
+        """Moves aimed at the critical path, in a random order per kind of bottleneck."""
+        device_of, unit_of = self.device_of, self.units.unit_of
+        path = self.critical_path()
+        self.rng.shuffle(path)
+        edge_src, in_edges = self.graph.edge_src, self.graph.in_edges
+        for op, b in path:
+            unit = unit_of[op]
+            here = device_of[op]
+            if b >= 0:
+                producer = edge_src[b]
+                there = device_of[producer]
+                if there != here:  # waited for a transfer: bring the two together
+                    if there in self.allowed[unit]:
+                        yield _Move(units=((unit, there),))
+                    if here in self.allowed[unit_of[producer]]:
+                        yield _Move(units=((unit_of[producer], here),))
+                continue
+            i = self.index_in_order[op]
+            if i == 0:
+                continue
+            # waited for its device: run it earlier there, or elsewhere
+            ahead = self.orders[here][i - 1]
+            if all(self.rank_of[edge_src[k]] < self.rank_of[ahead] for k in in_edges[op]):
+                yield _Move(before=(op, ahead))
+            others = [d for d in self.allowed[unit] if d != here]
+            self.rng.shuffle(others)
+            for d in others:
+                yield _Move(units=((unit, d),))
+                other = self._running_at(d, self.cur.start[op])
+                if other >= 0 and here in self.allowed[unit_of[other]]:
+                    yield _Move(units=((unit, d), (unit_of[other], here)))
+
+    def _running_at(self, d: int, t: float) -> int:
+        """The op of device ``d`` running (or next to run) at time ``t``; -1 if none."""
+        order = self.orders[d]
+        end = self.cur.end
+        lo, hi = 0, len(order)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if end[order[mid]] <= t:
+                lo = mid + 1
+            else:
+                hi = mid
+        return order[lo] if lo < len(order) else -1
+
+    def random_move(self) -> _Move | None:
+        """A random unit to a random other device it may use."""
+        units = [u for u in range(len(self.units)) if len(self.allowed[u]) > 1]
+        if not units:
+            return None
+        unit = self.rng.choice(units)
+        here = self.device_of[self.units.members[unit][0]]
+        return _Move(units=((unit, self.rng.choice([d for d in self.allowed[unit]
+                                                      if d != here])),))
+
+    def upward_rank(self) -> list[int]:
+        """A rank by longest remaining path (compute here, plus transfers between devices),
+        ties in canonical order: list scheduling's priority for this placement."""
+        graph, cost, device_of = self.graph, self.cost, self.device_of
+        op_us = cost.op_us
+        level = [0.0] * len(graph)
+        for op in reversed(graph.topo):
+            d = device_of[op]
+            best = 0.0
+            for k in graph.out_edges[op]:
+                dst = graph.edge_dst[k]
+                dd = device_of[dst]
+                t = level[dst] + (cost.transfer_us(k, d, dd) if dd != d else 0.0)
+                if t > best:
+                    best = t
+            level[op] = op_us[d][op] + best
+        position = [0] * len(graph)
+        for i, op in enumerate(graph.topo):
+            position[op] = i
+        indegree = [len(ins) for ins in graph.in_edges]
+        heap = [(-level[op], position[op], op) for op in range(len(graph)) if not indegree[op]]
+        heapq.heapify(heap)
+        rank = []
+        while heap:
+            _, _, op = heapq.heappop(heap)
+            rank.append(op)
+            for k in graph.out_edges[op]:
+                dst = graph.edge_dst[k]
+                indegree[dst] -= 1
+                if not indegree[dst]:
+                    heapq.heappush(heap, (-level[dst], position[dst], dst))
+        return rank
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def _rank_of_plan(graph: Graph, orders: list[list[int]], evaluation: Evaluation) -> list[int]:
+    """A topological order of the graph in which each device's order is a subsequence.
+
+    Kahn's algorithm over the graph's edges plus each device's chain, earliest start first
+    (then commit instant, then canonical position), so the rank follows the schedule.
+    """
+    n = len(graph)
+    position = [0] * n
+    for i, op in enumerate(graph.topo):
+        position[op] = i
+    chain_next = [-1] * n
+    indegree = [len(ins) for ins in graph.in_edges]
+    for order in orders:
+        for a, b in itertools.pairwise(order):
+            chain_next[a] = b
+            indegree[b] += 1
+    start, commit = evaluation.start, evaluation.commit
+    heap = [(start[op], commit[op], position[op], op) for op in range(n) if not indegree[op]]
+    heapq.heapify(heap)
+    rank = []
+    while heap:
+        op = heapq.heappop(heap)[3]
+        rank.append(op)
+        successors = [graph.edge_dst[k] for k in graph.out_edges[op]]
+        if chain_next[op] >= 0:
+            successors.append(chain_next[op])
+        for nxt in successors:
+            indegree[nxt] -= 1
+            if not indegree[nxt]:
+                heapq.heappush(heap, (start[nxt], commit[nxt], position[nxt], nxt))
+    return rank
+
+
+def _check_units(graph: Graph, units: Units, device_of: list[int]) -> None:
+    for members in units.members:
+        d = device_of[members[0]]
+        for op in members[1:]:
+            if device_of[op] != d:
+                raise InvalidPlan(
+                    f"the start plan splits a unit: {graph.names[members[0]]!r} and "
+                    f"{graph.names[op]!r} must share a device", {"op": graph.names[op]})
+
+
+def improve(
+    graph: Graph, cluster: Cluster, device_of: list[int], orders: list[list[int]], *,
+    units: Units, deadline: float, seed: int = 0, cost: CostModel | None = None,
+) -> tuple[list[int], list[list[int]], SearchStats]:
+    """Improve a plan by local search until ``deadline``; never returns a worse plan.
+
+    Parameters
+    ----------
+    graph, cluster
+        What the plan places.
+    device_of, orders
+        The start plan: device index per op, op indices per device (consistent orders).
+    units
+        Ops that move together (colocation groups, forward pairs, pins); pinned units
+        never move.
+    deadline
+        A :func:`time.perf_counter` value; the search returns soon after it (one replay).
+    seed
+        Seed of the random choices (same seed, same plan, given the same number of moves).
+    cost
+        The request's cost model (built when not given).
+
+    Returns
+    -------
+    device_of, orders, stats
+        The best plan found (the start plan if nothing better was found) and
+        :class:`SearchStats`. Its step time is the simulator's and is never above the start's;
+        its memory peaks are within every device's limit when the start's were.
+
+    Raises
+    ------
+    InvalidPlan
+        The start plan's orders are inconsistent, or it splits a unit.
+    """
+    began = time.perf_counter()
+    cost = cost or CostModel(graph, cluster)
+    check_orders(graph, orders)
+    _check_units(graph, units, device_of)
+    judged = replay(graph, cluster, device_of, orders, cost).estimate
+    stats = SearchStats(judged.step_time_us, judged.step_time_us)
+
+    def unchanged(note: str) -> tuple[list[int], list[list[int]], SearchStats]:
+        stats.note = note
+        stats.seconds = time.perf_counter() - began
+        return list(device_of), [list(o) for o in orders], stats
+
+    if not judged.memory_ok:
+        return unchanged("the start plan exceeds a device's memory; it is returned as is")
+    if len(cluster.devices) < 2 or len(graph) < 2:
+        return unchanged("nothing to move")
+    evaluator = PlanEvaluator(graph, cluster, cost)
+    first = evaluator.run(list(device_of), [list(o) for o in orders], keep=True)
+    names = [d.name for d in cluster.devices]
+    if first is None or first.step_us != judged.step_time_us or (
+        first.peaks is not None
+        and first.peaks != [judged.peak_memory_bytes[name] for name in names]
+    ):
+        return unchanged("the search's evaluator disagrees with the simulator here")
+    search = _Search(graph, cluster, units, cost, evaluator, random.Random(seed))
+    search.adopt(list(device_of), _rank_of_plan(graph, orders, first), first)
+    best = (search.device_of, search.rank, search.cur)
+    tried_upward = False
+    # no plan ends before the lower bound: reaching it proves the plan optimal
+    floor = judged.lower_bound_us * (1 + 1e-12)
+    while time.perf_counter() < deadline and best[2].step_us > floor:
+        improved = False
+        if not tried_upward:
+            tried_upward = True
+            rank = search.upward_rank()
+            candidate = evaluator.run(search.device_of, search.orders_of(search.device_of, rank),
+                                      bound=search.cur.step_us, keep=True)
+            stats.moves_evaluated += 1
+            if candidate is not None and candidate.memory_ok:
+                stats.moves_accepted += 1
+                search.adopt(search.device_of, rank, candidate)
+                improved = True
+        for move in search.candidates():
+            if time.perf_counter() >= deadline:
+                break
+            built = search.apply(move)
+            if built is None:
+                continue
+            cand_device_of, cand_orders, rank, since = built
+            stats.moves_evaluated += 1
+            candidate = evaluator.run(cand_device_of, cand_orders, bound=search.cur.step_us,
+                                      base=search.cur, since=since, keep=True)
+            if candidate is None or not candidate.memory_ok:
+                continue
+            stats.moves_accepted += 1
+            search.adopt(cand_device_of, search.resorted_rank(rank, candidate), candidate)
+            improved = True
+            break
+        if improved:
+            if search.cur.step_us < best[2].step_us:
+                best = (search.device_of, search.rank, search.cur)
+            continue
+        if time.perf_counter() >= deadline:
+            break
+        # stuck: perturb the best plan and search on from there
+        stats.perturbations += 1
+        search.adopt(*best)
+        tried_upward = False
+        for _ in range(PERTURB_MOVES):
+            move = search.random_move()
+            built = search.apply(move) if move is not None else None
+            if built is None:
+                continue
+            cand_device_of, cand_orders, _, _ = built
+            stats.moves_evaluated += 1
+            candidate = evaluator.run(cand_device_of, cand_orders, keep=True)
+            if candidate is not None and candidate.memory_ok:
+                search.adopt(cand_device_of, search.resorted_rank(search.rank, candidate),
+                             candidate)
+    best_device_of, _, best_eval = best
+    if best_eval is first:
+        stats.seconds = time.perf_counter() - began
+        return list(device_of), [list(o) for o in orders], stats
+    final = replay(graph, cluster, best_device_of, best_eval.orders, cost).estimate
+    if final.step_time_us > judged.step_time_us or not final.memory_ok:
+        return unchanged("the search's evaluator disagreed with the simulator; start kept")
+    stats.step_us = final.step_time_us
+    stats.seconds = time.perf_counter() - began
+    return best_device_of, [list(o) for o in best_eval.orders], stats
+
+
+__all__ = ["SearchStats", "improve"]
