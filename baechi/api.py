@@ -26,10 +26,32 @@ from baechi.grouping import Units, colocation_units
 from baechi.options import Options
 from baechi.pipeline import Reduction, reduce_graph
 from baechi.plan import GraphInfo, Plan, PlanRequest
+from baechi.search import improve
 from baechi.simulate import Simulation, replay, single_device_run
 
 #: How many times the placer is re-run with tighter budgets after a plan overshoots memory.
 MEMORY_RETRIES = 4
+
+#: The name of the portfolio algorithm (the default, :data:`baechi.defaults.DEFAULT_ALGORITHM`).
+AUTO = "auto"
+
+#: ``auto`` runs m-SCT only on graphs up to this many ops: its LP grows super-linearly
+#: (26 s on 30k ops with GLOP) and on the shared graphs it never beat m-ETF by much.
+AUTO_SCT_MAX_OPS = 5000
+
+#: Local search in ``auto`` runs in slices of at least this many seconds (more for large
+#: graphs, :data:`SEARCH_SLICE_S_PER_OP`); it stops after :data:`SEARCH_PATIENCE` slices in a
+#: row that improved the step time by less than :data:`SEARCH_MIN_GAIN`, or at the deadline.
+SEARCH_SLICE_S = 0.1
+
+#: Seconds of local search per op in one slice (10k ops: 1 s).
+SEARCH_SLICE_S_PER_OP = 1e-4
+
+#: Relative gain below which a slice of local search counts as stagnant.
+SEARCH_MIN_GAIN = 1e-3
+
+#: Local search stops after this many stagnant slices in a row.
+SEARCH_PATIENCE = 2
 
 
 def place(
@@ -48,8 +70,9 @@ def place(
     cluster : Cluster or dict
         Devices and network (DESIGN §3).
     algorithm : str
-        A name of :data:`baechi.algorithms.ALGORITHMS`: ``single``, ``m-topo``, ``m-etf``,
-        ``m-sct`` or ``m-fill``.
+        ``auto`` (the default: the best plan of a portfolio, see :func:`_auto`) or a name of
+        :data:`baechi.algorithms.ALGORITHMS`: ``single``, ``m-topo``, ``m-etf``, ``m-sct``,
+        ``m-fill``.
     options : Options or dict, optional
         Pipeline switches and time limit; every step on by default.
     progress : callable, optional
@@ -75,12 +98,18 @@ def place(
     cluster_json = cluster.to_json() if isinstance(cluster, Cluster) else cluster
     cluster = Cluster.parse(cluster)
     options = Options.parse(options)
-    get_algorithm(algorithm)  # an unknown name fails before any work
+    if algorithm != AUTO:
+        get_algorithm(algorithm)  # an unknown name fails before any work
     report("validate", 0.0)
     graph = load_graph(graph)
     phases: dict[str, float] = {"validate": time.perf_counter() - started}
 
     _check_units_fit(graph, cluster, colocation_units(graph, cluster, options.forward_only))
+    if algorithm == AUTO:
+        reduction, simulation, stats = _auto(graph, cluster, options, report, phases,
+                                             started + options.time_limit_s)
+        return _finish(graph, cluster, cluster_json, algorithm, options, reduction, simulation,
+                       stats, phases, started, report)
     stats: dict[str, Any] = {"memory_retries": 0}
     reduced = options.co_placement or options.fusion
     # When memory defeats the request, fall back to what gives the placer more freedom (the
@@ -113,10 +142,19 @@ def place(
     if options.portfolio and "fallback" not in stats:
         reduction, simulation = _portfolio(
             graph, cluster, algorithm, options, report, phases, stats, reduction, simulation)
-    stats["nodes"] = reduction.nodes
-    stats["reduction"] = reduction.stats
     if algorithm != "single" and options.allow_single:
         simulation = _prefer_single(graph, cluster, options, simulation, stats)
+    return _finish(graph, cluster, cluster_json, algorithm, options, reduction, simulation,
+                   stats, phases, started, report)
+
+
+def _finish(
+    graph: Graph, cluster: Cluster, cluster_json: dict[str, Any], algorithm: str,
+    options: Options, reduction: Reduction, simulation: Simulation, stats: dict[str, Any],
+    phases: dict[str, float], started: float, report: Progress,
+) -> Plan:
+    stats["nodes"] = reduction.nodes
+    stats["reduction"] = reduction.stats
     stats["placement_seconds"] = time.perf_counter() - started
     stats["phases"] = phases
     stats["nodes_placed"] = reduction.nodes[-1]["nodes"] if reduction.nodes else len(graph)
@@ -124,15 +162,145 @@ def place(
     return _plan(graph, cluster, cluster_json, algorithm, options, simulation, stats)
 
 
+def _auto(
+    graph: Graph, cluster: Cluster, options: Options, report: Progress,
+    phases: dict[str, float], deadline: float,
+) -> tuple[Reduction, Simulation, dict[str, Any]]:
+    """The best plan of a portfolio, found before ``deadline`` (anytime).
+
+    Candidates, cheapest first: m-ETF with the reduction pipeline (the first plan, as fast
+    as m-ETF alone), m-ETF on the unreduced graph (the pipeline fuses away the parallelism
+    of small graphs), m-TOPO, m-SCT on both (graphs up to :data:`AUTO_SCT_MAX_OPS` ops),
+    m-fill (memory first), and the single-device plan. Then local search
+    (:func:`baechi.search.improve`) from the best of them, on the unreduced graph's units,
+    in slices until it stagnates (:data:`SEARCH_PATIENCE`) or the deadline passes.
+    Every candidate's plan is replayed by the simulator and within memory; the fastest wins.
+    """
+    unreduced = options.without_pipeline()
+    runs: list[tuple[str, Options]] = [("m-etf", options), ("m-etf", unreduced),
+                                       ("m-topo", options), ("m-topo", unreduced)]
+    if len(graph) <= AUTO_SCT_MAX_OPS:
+        runs += [("m-sct", options), ("m-sct", unreduced)]
+    runs.append(("m-fill", unreduced))
+    seen: set[tuple[str, bool, bool]] = set()
+    candidates: list[dict[str, Any]] = []
+    best: tuple[Reduction, Simulation, dict[str, Any]] | None = None
+    first_error: InfeasiblePlacement | None = None
+    for i, (name, run_options) in enumerate(runs):
+        key = (name, run_options.co_placement, run_options.fusion)
+        if key in seen or (best is not None and time.perf_counter() >= deadline):
+            continue
+        seen.add(key)
+        report("auto", i / (len(runs) + 2))
+        tick = time.perf_counter()
+        entry: dict[str, Any] = {"algorithm": name,
+                                 "pipeline": run_options.co_placement or run_options.fusion}
+        run_stats: dict[str, Any] = {"memory_retries": 0}
+        try:
+            reduction, simulation = _place_reduced(graph, cluster, name, run_options, report,
+                                                   phases, run_stats, deadline)
+        except InfeasiblePlacement as exc:
+            first_error = first_error or exc
+            entry.update(step_time_us=None, note="no plan within memory")
+        else:
+            entry["step_time_us"] = simulation.estimate.step_time_us
+            if best is None or entry["step_time_us"] < best[1].estimate.step_time_us:
+                best = (reduction, simulation, run_stats)
+        entry["seconds"] = time.perf_counter() - tick
+        candidates.append(entry)
+    single = _single_plan(graph, cluster, options)
+    if single is not None:
+        candidates.append({"algorithm": "single", "pipeline": False,
+                           "step_time_us": single.estimate.step_time_us, "seconds": 0.0})
+        if best is None or single.estimate.step_time_us < best[1].estimate.step_time_us:
+            best = (_unreduced(graph, cluster, options), single, {})
+    if best is None:
+        assert first_error is not None
+        first_error.message += " (no algorithm of the portfolio found one)"
+        first_error.args = (first_error.message,)
+        raise first_error
+    chosen = min((c for c in candidates if c["step_time_us"] is not None),
+                 key=lambda c: c["step_time_us"])
+    reduction, simulation, stats = best
+    simulation = _search(graph, cluster, options, simulation, deadline, report, phases,
+                         candidates)
+    searched = candidates[-1]["algorithm"] == "local-search" and candidates[-1]["improved"]
+    stats = {**stats, "candidates": candidates,
+             "chosen": {"algorithm": chosen["algorithm"], "pipeline": chosen["pipeline"],
+                        "local_search": searched}}
+    return reduction, simulation, stats
+
+
+def _search(
+    graph: Graph, cluster: Cluster, options: Options, simulation: Simulation, deadline: float,
+    report: Progress, phases: dict[str, float], candidates: list[dict[str, Any]],
+) -> Simulation:
+    """Local search from ``simulation``'s plan in slices (see :func:`_auto`)."""
+    estimate = simulation.estimate
+    if estimate.step_time_us <= estimate.lower_bound_us * (1 + 1e-9) or len(cluster.devices) < 2:
+        return simulation  # optimal already, or nothing to move
+    units = colocation_units(graph, cluster, options.forward_only)
+    tick = time.perf_counter()
+    device_of, orders = simulation.device_of, simulation.orders
+    start_us = step_us = estimate.step_time_us
+    slice_s = max(SEARCH_SLICE_S, SEARCH_SLICE_S_PER_OP * len(graph))
+    evaluated = 0
+    seed = 0
+    stagnant = 0
+    while time.perf_counter() < deadline and stagnant < SEARCH_PATIENCE:
+        report("search", 1 - step_us / start_us)
+        device_of, orders, found = improve(
+            graph, cluster, device_of, orders, units=units, seed=seed,
+            deadline=min(deadline, time.perf_counter() + slice_s))
+        seed += 1
+        evaluated += found.moves_evaluated
+        gain = 1 - found.step_us / step_us if step_us > 0 else 0.0
+        step_us = found.step_us
+        if found.note:
+            break
+        stagnant = stagnant + 1 if gain < SEARCH_MIN_GAIN else 0
+    seconds = time.perf_counter() - tick
+    phases["search"] = phases.get("search", 0.0) + seconds
+    improved = step_us < start_us
+    candidates.append({"algorithm": "local-search", "pipeline": False, "step_time_us": step_us,
+                       "seconds": seconds, "improved": improved,
+                       "moves_evaluated": evaluated})
+    if not improved:
+        return simulation
+    return replay(graph, cluster, device_of, orders)
+
+
+def _single_plan(graph: Graph, cluster: Cluster, options: Options) -> Simulation | None:
+    """The single-device plan's replay, or ``None`` when it does not fit."""
+    problem = Problem.of(graph, cluster, colocation_units(graph, cluster, options.forward_only))
+    try:
+        single = get_algorithm("single")(problem)
+    except InfeasiblePlacement:
+        return None
+    candidate = replay(graph, cluster, single.device_of, single.orders)
+    return candidate if candidate.estimate.memory_ok else None
+
+
+def _unreduced(graph: Graph, cluster: Cluster, options: Options) -> Reduction:
+    """The reduction that keeps every op (for plans made on the graph itself)."""
+    return reduce_graph(graph, cluster, options.without_pipeline(), {})
+
+
 def _place_reduced(
     graph: Graph, cluster: Cluster, algorithm: str, options: Options, report: Progress,
-    phases: dict[str, float], stats: dict[str, Any],
+    phases: dict[str, float], stats: dict[str, Any], deadline: float | None = None,
 ) -> tuple[Reduction, Simulation]:
-    """Reduce, place and simulate; re-place with tighter budgets while memory overshoots."""
+    """Reduce, place and simulate; re-place with tighter budgets while memory overshoots.
+
+    ``deadline`` (a :func:`time.perf_counter` value) bounds the solver's time limit and the
+    retries: none starts after it.
+    """
     reduction = reduce_graph(graph, cluster, options, phases)
+    time_limit_s = options.time_limit_s
+    if deadline is not None:
+        time_limit_s = max(0.01, min(time_limit_s, deadline - time.perf_counter()))
     problem = Problem.of(
-        reduction.graph, cluster, reduction.units,
-        time_limit_s=options.time_limit_s, progress=report,
+        reduction.graph, cluster, reduction.units, time_limit_s=time_limit_s, progress=report,
     )
     place_fn = get_algorithm(algorithm)
     for attempt in range(MEMORY_RETRIES + 1):
@@ -147,7 +315,7 @@ def _place_reduced(
         if not over:
             stats.update(assignment.stats)
             return reduction, simulation
-        if attempt == MEMORY_RETRIES:
+        if attempt == MEMORY_RETRIES or (deadline is not None and time.perf_counter() > deadline):
             _raise_over_limit(graph, simulation, cluster, over, algorithm)
         stats["memory_retries"] += 1
         for d, excess in over.items():
@@ -264,13 +432,8 @@ def _prefer_single(
     estimate = simulation.estimate
     if not estimate.single_device_fits or estimate.single_device_us >= estimate.step_time_us:
         return simulation
-    problem = Problem.of(graph, cluster, colocation_units(graph, cluster, options.forward_only))
-    try:
-        single = get_algorithm("single")(problem)
-    except InfeasiblePlacement:
-        return simulation
-    candidate = replay(graph, cluster, single.device_of, single.orders)
-    if candidate.estimate.step_time_us < estimate.step_time_us and candidate.estimate.memory_ok:
+    candidate = _single_plan(graph, cluster, options)
+    if candidate is not None and candidate.estimate.step_time_us < estimate.step_time_us:
         stats["chose_single"] = True
         stats["algorithm_step_time_us"] = estimate.step_time_us
         return candidate

@@ -20,7 +20,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
 from baechi import __version__
-from baechi.algorithms import ALGORITHMS
+from baechi.algorithms import ALGORITHM_NAMES
 from baechi.plan import Plan
 
 DESCRIPTION = """Placement as a service for ML training graphs (DESIGN §7).
@@ -91,6 +91,6 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
     algorithm = components["PlacementRequest"]["properties"]["algorithm"]
-    algorithm["enum"] = list(ALGORITHMS)
+    algorithm["enum"] = list(ALGORITHM_NAMES)
     app.openapi_schema = schema
     return schema

@@ -16,7 +16,7 @@ from baechi.service.errors import ApiError
 from baechi.service.schemas import DEFAULT_ALGORITHM
 from baechi.service.settings import Settings
 
-from baechi.algorithms import ALGORITHMS
+from baechi.algorithms import ALGORITHM_NAMES
 from baechi.cluster import Cluster
 from baechi.errors import InvalidCluster, InvalidRequest
 from baechi.graph import Graph, load_graph
@@ -110,9 +110,9 @@ def parse_placement(data: Any, settings: Settings, uploaded: Any) -> PlacementIn
     cluster = Cluster.parse(data["cluster"])
     _check_sizes(cluster)
     algorithm = data.get("algorithm", DEFAULT_ALGORITHM)
-    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
+    if not isinstance(algorithm, str) or algorithm not in ALGORITHM_NAMES:
         raise InvalidRequest(f"algorithm: unknown algorithm {algorithm!r}; choose one of "
-                             f"{', '.join(ALGORITHMS)}", {"field": "algorithm"})
+                             f"{', '.join(ALGORITHM_NAMES)}", {"field": "algorithm"})
     options = Options.parse(data.get("options"))
 
     graph: ParsedGraph | None = None

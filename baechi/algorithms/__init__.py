@@ -24,15 +24,28 @@ ALGORITHMS: dict[str, Algorithm] = {
 }
 
 
+#: Every name a request may give: ``auto`` (the portfolio of :func:`baechi.place`) and each
+#: algorithm of :data:`ALGORITHMS`.
+ALGORITHM_NAMES = ("auto", *ALGORITHMS)
+
+
 def get_algorithm(name: str) -> Algorithm:
     """The algorithm called ``name``; :class:`InvalidRequest` lists the known ones."""
     try:
         return ALGORITHMS[name]
     except KeyError:
         raise InvalidRequest(
-            f"algorithm: unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}",
+            f"algorithm: unknown algorithm {name!r}; choose one of {', '.join(ALGORITHM_NAMES)}",
             {"field": "algorithm"},
         ) from None
 
 
-__all__ = ["ALGORITHMS", "DEFAULT_ALGORITHM", "Algorithm", "Assignment", "Problem", "get_algorithm"]
+__all__ = [
+    "ALGORITHMS",
+    "ALGORITHM_NAMES",
+    "DEFAULT_ALGORITHM",
+    "Algorithm",
+    "Assignment",
+    "Problem",
+    "get_algorithm",
+]
