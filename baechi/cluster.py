@@ -26,6 +26,15 @@ _UNITS = {
 }
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
+#: Largest device memory: 2**62 bytes, so sums of memory stay within an int64.
+MAX_MEMORY_BYTES = 2**62
+
+#: Bounds of a device's relative speed: op times divided by it stay finite.
+MIN_SPEED, MAX_SPEED = 1e-6, 1e6
+
+#: Largest link latency (µs) and smallest bandwidth (GB/s): transfer times stay finite.
+MAX_LATENCY_US, MIN_BANDWIDTH_GBPS = 1e12, 1e-6
+
 #: Name prefix of devices written with the count shorthand.
 DEFAULT_NAME_PREFIX = "/GPU:"
 
@@ -40,18 +49,23 @@ def parse_size(value: int | str) -> int:
     """
     if isinstance(value, bool):
         raise ValueError("a size must be a number of bytes or a string like '8GiB', not a boolean")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"size {value} is negative")
-        return value
     if isinstance(value, float):
         if not math.isfinite(value) or value < 0 or value != int(value):
             raise ValueError(f"size {value} is not a whole, finite, non-negative number of bytes")
-        return int(value)
+        value = int(value)
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"size {value} is negative")
+        if value > MAX_MEMORY_BYTES:
+            raise ValueError(f"size {value} is larger than {MAX_MEMORY_BYTES} bytes (2**62)")
+        return value
     match = _SIZE.match(str(value))
     if not match or match.group(2).lower() not in _UNITS:
         raise ValueError(f"cannot read size {value!r}; write e.g. 8GiB, 512MiB, 2.5GB or bytes")
-    return round(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    size = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    if not size <= MAX_MEMORY_BYTES:  # also catches inf
+        raise ValueError(f"size {value!r} is larger than {MAX_MEMORY_BYTES} bytes (2**62)")
+    return round(size)
 
 
 class Device(BaseModel):
@@ -61,7 +75,7 @@ class Device(BaseModel):
 
     name: str = Field(min_length=1)
     memory_bytes: int | None = None
-    speed: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    speed: float = Field(default=1.0, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False)
 
     @field_validator("memory_bytes", mode="before")
     @classmethod
@@ -81,8 +95,8 @@ class Network(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    latency_us: float = Field(default=0.0, ge=0, allow_inf_nan=False)
-    bandwidth_gbps: float = Field(default=math.inf, gt=0)
+    latency_us: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
+    bandwidth_gbps: float = Field(default=math.inf, ge=MIN_BANDWIDTH_GBPS)
     mode: Literal["sequential", "parallel"] = "sequential"
 
     @field_validator("latency_us", "bandwidth_gbps", mode="before")
@@ -106,7 +120,7 @@ class DeviceCount(BaseModel):
 
     count: int = Field(ge=1, le=4096, strict=True)
     memory_bytes: int | None = None
-    speed: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    speed: float = Field(default=1.0, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False)
     name_prefix: str = DEFAULT_NAME_PREFIX
 
     @field_validator("memory_bytes", mode="before")

@@ -22,8 +22,21 @@ from baechi.errors import InvalidGraph
 
 GRAPH_FORMAT = "baechi.graph/v1"
 
-NonNegativeTime = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
-NonNegativeBytes = Annotated[StrictInt, Field(ge=0, le=2**63 - 1)]
+#: Largest time (µs) of one op: 11.6 days. Bounded so that sums over a graph stay finite.
+MAX_TIME_US = 1e12
+
+#: Largest byte field: 2**53 (8 PiB), exact as a float. Bounded, with :data:`MAX_TOTAL_BYTES`,
+#: so that every sum of bytes the cost model computes fits in an int64.
+MAX_BYTES = 2**53
+
+#: Largest sum of every op's and edge's bytes in one graph (2**62).
+MAX_TOTAL_BYTES = 2**62
+
+#: Deepest nesting of JSON inside ``meta`` and ``attrs`` (the content hash serialises them).
+MAX_NESTING = 64
+
+NonNegativeTime = Annotated[float, Field(ge=0, le=MAX_TIME_US, allow_inf_nan=False, strict=True)]
+NonNegativeBytes = Annotated[StrictInt, Field(ge=0, le=MAX_BYTES)]
 
 
 # The document is validated into plain dicts (TypedDicts): five times faster than building a
@@ -351,7 +364,46 @@ def parse_graph(data: dict[str, Any]) -> Graph:
     except ValidationError as exc:
         message, details = _describe(exc, data)
         raise InvalidGraph(message, details) from None
+    _check_nesting(document)
+    _check_total_bytes(document)
     return Graph.from_document(document, graph_sha256(data))
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a JSON value (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(
+            item, list) else None
+        if children is not None:
+            deepest = max(deepest, depth + 1)
+            if deepest > MAX_NESTING:
+                return deepest
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _check_nesting(document: dict[str, Any]) -> None:
+    places = [("meta", None, document.get("meta", {}))]
+    places += [(f"op {op['name']!r} (ops[{i}]).attrs", op["name"], op.get("attrs", {}))
+               for i, op in enumerate(document["ops"]) if op.get("attrs")]
+    for where, name, value in places:
+        if _depth(value) > MAX_NESTING:
+            raise InvalidGraph(f"{where}: JSON nested deeper than {MAX_NESTING} levels",
+                               {"field": "attrs" if name else "meta", "op": name})
+
+
+def _check_total_bytes(document: dict[str, Any]) -> None:
+    total = sum(op.get("output_bytes", 0) + op.get("temp_bytes", 0)
+                + op.get("persistent_bytes", 0) for op in document["ops"])
+    total += sum(e["bytes"] for e in document.get("edges", []))
+    if total > MAX_TOTAL_BYTES:
+        raise InvalidGraph(
+            f"ops: the graph's bytes add up to {total}, more than {MAX_TOTAL_BYTES} (2**62): "
+            "sums of memory would overflow; check the byte fields' units",
+            {"field": "ops"},
+        )
 
 
 def graph_sha256(data: dict[str, Any]) -> str:
