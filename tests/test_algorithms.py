@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from baechi import InfeasiblePlacement, InvalidRequest, load_graph, place, simulate
-from baechi.algorithms import ALGORITHMS
+from baechi.algorithms import ALGORITHM_NAMES
 from baechi.bounds import running_bytes
 
-PLACERS = [name for name in ALGORITHMS]
+PLACERS = list(ALGORITHM_NAMES)
 
 
 @st.composite
@@ -81,7 +81,9 @@ def check_plan(doc: dict, cluster: dict, plan) -> None:
 @given(doc=dags(), cluster=clusters(), pipeline=st.booleans())
 def test_plans_respect_every_invariant(algorithm: str, doc: dict, cluster: dict,
                                        pipeline: bool) -> None:
-    options = {"allow_single": False, "co_placement": pipeline, "fusion": pipeline}
+    # a short deadline keeps the solver's and local search's examples quick
+    options = {"allow_single": False, "co_placement": pipeline, "fusion": pipeline,
+               "time_limit_s": 0.5}
     unlimited = all("memory_bytes" not in d for d in cluster["devices"])
     try:
         plan = place(doc, cluster, algorithm, options)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from baechi.algorithms.base import Algorithm, Assignment, Problem
 from baechi.algorithms.etf import place_etf
+from baechi.algorithms.exact import place_exact
 from baechi.algorithms.fill import place_fill
 from baechi.algorithms.sct import place_sct
 from baechi.algorithms.single import place_single
@@ -21,6 +22,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "m-etf": place_etf,
     "m-sct": place_sct,
     "m-fill": place_fill,
+    "exact": place_exact,
 }
 
 

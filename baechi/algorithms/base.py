@@ -33,6 +33,8 @@ class Problem:
     budget: list[float]
     time_limit_s: float = 60.0
     progress: Progress = no_progress
+    #: A plan to start from (``exact`` warm-starts from it and never returns a slower one).
+    hint: Assignment | None = None
 
     @classmethod
     def of(cls, graph: Graph, cluster: Cluster, units: Units, **kwargs: Any) -> Problem:
