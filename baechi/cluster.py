@@ -108,9 +108,15 @@ class Network(BaseModel):
             raise ValueError("must not be NaN")
         return value
 
+    @property
+    def us_per_byte(self) -> float:
+        """Microseconds per byte: ``1 / (bandwidth_gbps * 1000)`` (0 for infinite bandwidth)."""
+        return 1.0 / (self.bandwidth_gbps * 1000.0)
+
     def transfer_us(self, nbytes: int) -> float:
-        """Time to move ``nbytes`` between two devices (``latency_us`` alone for 0 bytes)."""
-        return self.latency_us + nbytes / (self.bandwidth_gbps * 1000.0)
+        """Time to move ``nbytes`` between two devices (``latency_us`` alone for 0 bytes):
+        ``latency_us + nbytes * us_per_byte``, the one formula the cost model uses."""
+        return self.latency_us + nbytes * self.us_per_byte
 
 
 class DeviceCount(BaseModel):

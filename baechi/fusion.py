@@ -31,8 +31,9 @@ import math
 from dataclasses import dataclass, field
 
 from baechi.cluster import Cluster
+from baechi.costmodel import MemoryProxy
 from baechi.graph import Graph
-from baechi.grouping import Units
+from baechi.grouping import DisjointSets, Units
 
 #: Neighbours the O(degree) tests may scan before falling back to the exact check.
 MAX_SCAN = 32
@@ -103,9 +104,7 @@ def fusion_partition(
     ([0, 0, 1, 2], 3)
     """
     n = len(graph)
-    rank = [0] * n
-    for i, op in enumerate(graph.topo):
-        rank[op] = i
+    rank = list(graph.topo_position)  # changed as nodes merge
     edge_src, edge_dst = graph.edge_src, graph.edge_dst
     succ = [{edge_dst[k] for k in outs} for outs in graph.out_edges]
     pred = [{edge_src[k] for k in ins} for ins in graph.in_edges]
@@ -115,17 +114,11 @@ def fusion_partition(
         if unit_of[u] == unit_of[v]
     ]
 
-    parent = list(range(n))  # node union-find: a node is named by its root op
-
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
+    nodes = DisjointSets(n)  # a node is named by its root op
+    parent, find = nodes.parent, nodes.find
 
     budget = VISITS_PER_EDGE * (len(edge_src) + n)
-    resident = [p + o for p, o in zip(graph.persistent_bytes, graph.output_bytes, strict=True)]
-    scratch = list(graph.temp_bytes)
+    proxy = MemoryProxy(graph)  # of each node, at its root
     # a node's version changes when it or a neighbour merges: a skipped edge is only worth
     # retrying when one of its two nodes changed since
     version = [0] * n
@@ -144,7 +137,7 @@ def fusion_partition(
                 continue  # nothing changed around this edge since it was skipped
             # a node may not outgrow the merge cap (same proxy as units): the placer holds a
             # node's memory while any of it runs. Nodes only grow: no retry needed.
-            if resident[U] + resident[V] + max(scratch[U], scratch[V]) > cap:
+            if proxy.merged(U, V) > cap:
                 continue
             ru, rv = rank[U], rank[V]
             out_u, in_v = succ[U], pred[V]
@@ -183,10 +176,8 @@ def fusion_partition(
             if len(out_u) + len(pred[U]) < len(succ[V]) + len(in_v):
                 U, V = V, U
             _merge(U, V, succ, pred, version)
-            resident[U] += resident[V]
-            if scratch[V] > scratch[U]:
-                scratch[U] = scratch[V]
-            parent[V] = U
+            proxy.merge(U, V)
+            nodes.attach(U, V)
             rank[U] = new_rank
             counts["contracted"] += 1
         pending = skipped

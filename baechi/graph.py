@@ -122,6 +122,7 @@ class Graph:
             self.out_edges[src].append(k)
             self.in_edges[dst].append(k)
         self.topo: list[int] = self._canonical_order()
+        self._topo_position: list[int] | None = None
 
     @classmethod
     def from_document(cls, data: dict[str, Any], sha256: str) -> Graph:
@@ -207,6 +208,16 @@ class Graph:
     @property
     def num_edges(self) -> int:
         return len(self.edge_src)
+
+    @property
+    def topo_position(self) -> list[int]:
+        """``topo_position[op]``: the op's index in :attr:`topo` (computed once)."""
+        if self._topo_position is None:
+            position = [0] * len(self.names)
+            for i, op in enumerate(self.topo):
+                position[op] = i
+            self._topo_position = position
+        return self._topo_position
 
     def successors(self, op: int) -> list[int]:
         return [self.edge_dst[k] for k in self.out_edges[op]]

@@ -249,6 +249,7 @@ def replay(
 
     Use :func:`check_orders` first when the orders come from outside.
     """
+    cost = cost or CostModel(graph, cluster)
     start, end, transfers, memory = trace(graph, cluster, device_of, orders, cost)
     names = [d.name for d in cluster.devices]
     peaks = {name: m.peak for name, m in zip(names, memory, strict=True)}
@@ -256,7 +257,7 @@ def replay(
         dev.memory_bytes is None or m.peak <= dev.memory_bytes
         for dev, m in zip(cluster.devices, memory, strict=True)
     )
-    single_us, single_fits = single_device(graph, cluster)
+    single_us, single_fits = single_device(graph, cluster, cost)
     estimate = Estimate(
         step_time_us=max(end, default=0.0),
         lower_bound_us=lower_bound_us(graph, cluster),
@@ -271,19 +272,25 @@ def replay(
 
 
 def single_device_run(
-    graph: Graph, cluster: Cluster, device: int | None = None
+    graph: Graph, cluster: Cluster, device: int | None = None, cost: CostModel | None = None
 ) -> tuple[float, int]:
     """Step time and peak memory of the canonical order on one device (the fastest)."""
     d = cluster.fastest() if device is None else device
     orders: list[list[int]] = [[] for _ in cluster.devices]
     orders[d] = graph.topo
-    _, end, _, memory = trace(graph, cluster, [d] * len(graph), orders)
+    _, end, _, memory = trace(graph, cluster, [d] * len(graph), orders, cost)
     return max(end, default=0.0), memory[d].peak
 
 
-def single_device(graph: Graph, cluster: Cluster) -> tuple[float, bool]:
-    """Step time of the canonical order on the fastest device, and whether it fits there."""
-    step, peak = single_device_run(graph, cluster)
+def single_device(
+    graph: Graph, cluster: Cluster, cost: CostModel | None = None
+) -> tuple[float, bool]:
+    """Step time of the canonical order on the fastest device, and whether it fits there.
+
+    With ``cost``, the run is computed once per cost model (:meth:`CostModel.single_device_run`).
+    """
+    step, peak = cost.single_device_run() if cost is not None else single_device_run(
+        graph, cluster)
     limit = cluster.devices[cluster.fastest()].memory_bytes
     return step, limit is None or peak <= limit
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from baechi.cluster import Cluster
+from baechi.costmodel import CostModel
 from baechi.graph import Graph
 from baechi.grouping import Units
 
@@ -25,6 +26,8 @@ class Problem:
 
     ``budget[d]`` is the memory the placer may plan to use on device ``d`` (its limit, or
     less when a first plan overshot under the simulator); ``math.inf`` means unlimited.
+    ``cost`` is the graph's :class:`~baechi.costmodel.CostModel` on the cluster (built when
+    not given): every time an algorithm uses comes from it.
     """
 
     graph: Graph
@@ -33,6 +36,11 @@ class Problem:
     budget: list[float]
     time_limit_s: float = 60.0
     progress: Progress = no_progress
+    cost: CostModel = None  # type: ignore[assignment]  # built in __post_init__
+
+    def __post_init__(self) -> None:
+        if self.cost is None:
+            self.cost = CostModel(self.graph, self.cluster)
 
     @classmethod
     def of(cls, graph: Graph, cluster: Cluster, units: Units, **kwargs: Any) -> Problem:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from baechi.algorithms.base import Assignment, Problem
 from baechi.errors import InfeasiblePlacement
-from baechi.simulate import single_device_run
 
 
 def place_single(problem: Problem) -> Assignment:
@@ -18,7 +17,7 @@ def place_single(problem: Problem) -> Assignment:
     if len(pins) > 1:
         raise InfeasiblePlacement("single: the graph pins ops to more than one device")
     # one device, one order: the peak is the same whichever device runs it
-    peak = single_device_run(graph, cluster)[1]
+    peak = problem.cost.single_device_run()[1]
     ranked = sorted(range(len(cluster.devices)), key=lambda d: -cluster.devices[d].speed)
     for d in ranked:
         if not pins - {d} and peak <= problem.budget[d]:

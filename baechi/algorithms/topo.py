@@ -6,19 +6,15 @@ import math
 
 from baechi.algorithms.base import Assignment, Problem
 from baechi.errors import InfeasiblePlacement
+from baechi.grouping import unit_memory
 
 
 def footprint(problem: Problem) -> list[int]:
-    """Static memory of each unit: Σ persistent + Σ output + max temp of its ops.
+    """Static memory of each unit: the :func:`~baechi.costmodel.memory_proxy` of its ops.
 
     An upper bound of what the unit's ops hold at once, received copies aside.
     """
-    graph = problem.graph
-    out = []
-    for ops in problem.units.members:
-        persistent = sum(graph.persistent_bytes[op] + graph.output_bytes[op] for op in ops)
-        out.append(persistent + max(graph.temp_bytes[op] for op in ops))
-    return out
+    return unit_memory(problem.graph, problem.units)
 
 
 def place_topo(problem: Problem) -> Assignment:
