@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from baechi.cluster import Cluster
+from baechi.errors import InfeasiblePlacement
 from baechi.graph import Graph
 
 #: Ops shorter than this (µs) may end at the instant they start once added to a start time
@@ -56,14 +57,28 @@ class CostModel:
         network = cluster.network
         self.sequential = network.mode == "sequential"
         self._latency_us = network.latency_us
-        self._us_per_byte = 1.0 / (network.bandwidth_gbps * 1000.0)
+        self._us_per_byte = network.us_per_byte
         self.op_us: list[list[float]] = [
-            [c / device.speed for c in graph.compute_us] for device in cluster.devices
+            _op_times(graph, device.kind, device.speed) for device in cluster.devices
         ]
         self.fastest_us: list[float] = [
             min(times) for times in zip(*self.op_us, strict=True)
         ] if self.op_us else []
+        # per-pair links (DESIGN §10): (latency, µs per byte) of each device pair, or None
+        # when every pair uses the default link
+        self._pair: list[list[tuple[float, float]]] | None = None
+        if network.links:
+            index = cluster.index()
+            default = (network.latency_us, network.us_per_byte)
+            n_dev = len(cluster.devices)
+            self._pair = [[default] * n_dev for _ in range(n_dev)]
+            for link in network.links:
+                a, b = index[link.devices[0]], index[link.devices[1]]
+                own = network.link(link)
+                self._pair[a][b] = self._pair[b][a] = (own.latency_us, own.us_per_byte)
+        self._measured = graph.edge_transfer_us
         self._single: tuple[float, int] | None = None
+        self._lower_bound: float | None = None
 
     # ------------------------------------------------------------------ messages
     def message_bytes(self, edge: int) -> int:
@@ -71,12 +86,21 @@ class CostModel:
         return 0 if self.graph.edge_control[edge] else self.graph.edge_bytes[edge]
 
     def transfer_us(self, edge: int, src_device: int, dst_device: int) -> float:
-        """Time to send ``edge``'s message from ``src_device`` to ``dst_device`` (≠)."""
-        return self._latency_us + self.message_bytes(edge) * self._us_per_byte
+        """Time to send ``edge``'s message from ``src_device`` to ``dst_device`` (≠): the
+        edge's measured ``transfer_us`` if it has one, else the formula of the pair's link
+        (:meth:`baechi.cluster.Network.transfer_us`)."""
+        if self._measured is not None and self._measured[edge] is not None:
+            return self._measured[edge]
+        if self._pair is None:
+            return self._latency_us + self.message_bytes(edge) * self._us_per_byte
+        latency, per_byte = self._pair[src_device][dst_device]
+        return latency + self.message_bytes(edge) * per_byte
 
     def nominal_transfer_us(self, edge: int) -> float:
-        """``edge``'s transfer time before devices are known: on the default link. For
-        models that cost an edge once (m-SCT's LP)."""
+        """``edge``'s transfer time before devices are known: the measured time, else the
+        default link's. For models that cost an edge once (m-SCT's LP)."""
+        if self._measured is not None and self._measured[edge] is not None:
+            return self._measured[edge]
         return self._latency_us + self.message_bytes(edge) * self._us_per_byte
 
     def transfer_key(self, edge: int, dst_device: int) -> tuple[Any, ...]:
@@ -103,15 +127,93 @@ class CostModel:
         """Whether ``op`` may be placed on ``device`` (its kind does not forbid it)."""
         return not math.isinf(self.op_us[device][op])
 
+    def devices_for(self, ops: Iterable[int]) -> list[int]:
+        """The devices where every op of ``ops`` can run, in cluster order."""
+        ops = list(ops)
+        return [d for d, us in enumerate(self.op_us) if all(us[op] != math.inf for op in ops)]
+
+    def check_runnable(self) -> None:
+        """Raise :class:`~baechi.errors.InfeasiblePlacement` naming the first op that can run
+        on no device of the cluster (``compute_us_by_kind`` null for every kind there)."""
+        for op, us in enumerate(self.fastest_us):
+            if us == math.inf:
+                kinds = sorted({d.kind for d in self.cluster.devices})
+                name = self.graph.names[op]
+                raise InfeasiblePlacement(
+                    f"op {name!r}.compute_us_by_kind: the op cannot run on any device of the "
+                    f"cluster (null for kind{'s' if len(kinds) > 1 else ''} "
+                    f"{', '.join(map(repr, kinds))})",
+                    {"op": name, "field": "compute_us_by_kind"},
+                )
+
+    def single_device(self) -> int:
+        """The device of the single-device plan: where every op can run and the sum of op
+        times is least (the fastest device when no op has ``compute_us_by_kind``); -1 when no
+        device can run every op."""
+        if self.graph.compute_us_by_kind is None:
+            return self.cluster.fastest()
+        best, best_total = -1, math.inf
+        for d, us in enumerate(self.op_us):
+            total = math.fsum(us)
+            if total < best_total:
+                best, best_total = d, total
+        return best
+
+    def lower_bound_us(self) -> float:
+        """A lower bound of any plan's step time: the longest chain of ops, each at its
+        fastest, and the work spread evenly (Σ compute / Σ speed; with kinds, Σ fastest
+        time / devices). Computed once."""
+        if self._lower_bound is None:
+            self._lower_bound = self._compute_lower_bound()
+        return self._lower_bound
+
+    def _compute_lower_bound(self) -> float:
+        graph = self.graph
+        finish = [0.0] * len(graph)
+        longest = 0.0
+        fastest = self.fastest_us
+        for op in graph.topo:
+            start = 0.0
+            for k in graph.in_edges[op]:
+                f = finish[graph.edge_src[k]]
+                if f > start:
+                    start = f
+            finish[op] = start + fastest[op]
+            if finish[op] > longest:
+                longest = finish[op]
+        devices = self.cluster.devices
+        if graph.compute_us_by_kind is None:
+            spread = float(sum(graph.compute_us)) / sum(d.speed for d in devices)
+        else:
+            spread = math.fsum(fastest) / len(devices)
+        return max(longest, spread)
+
     # ------------------------------------------------------------------ whole-graph facts
     def single_device_run(self) -> tuple[float, int]:
-        """Step time and peak memory of the canonical order on the fastest device, computed
-        once per cost model (every replay of a request reports it)."""
+        """Step time and peak memory of the canonical order on :meth:`single_device`,
+        computed once per cost model (every replay of a request reports it); ``(inf, 0)`` when
+        no device can run every op."""
         if self._single is None:
             from baechi.simulate import single_device_run  # the simulator imports this module
 
-            self._single = single_device_run(self.graph, self.cluster, cost=self)
+            d = self.single_device()
+            if d < 0:
+                self._single = (math.inf, 0)
+            else:
+                self._single = single_device_run(self.graph, self.cluster, d, cost=self)
         return self._single
+
+
+def _op_times(graph: Graph, kind: str, speed: float) -> list[float]:
+    """Every op's time on a device of ``kind`` and ``speed``: ``compute_us_by_kind[kind]``
+    where given (``inf`` for null), else ``compute_us / speed``."""
+    times = [c / speed for c in graph.compute_us]
+    if graph.compute_us_by_kind is not None:
+        for op, by_kind in enumerate(graph.compute_us_by_kind):
+            if kind in by_kind:
+                us = by_kind[kind]
+                times[op] = math.inf if us is None else us
+    return times
 
 
 def memory_proxy(graph: Graph, ops: Iterable[int]) -> int:

@@ -285,6 +285,20 @@ def merge_units(graph: Graph, units: Units, sets: DisjointSets) -> Units:
     return Units(unit_of, members, pin)
 
 
+def forbidden_kinds(graph: Graph, cluster: Cluster, units: Units) -> list[frozenset[str]] | None:
+    """Per unit, the cluster's device kinds some member cannot run on (``None`` when no op
+    has ``compute_us_by_kind``)."""
+    if graph.compute_us_by_kind is None:
+        return None
+    kinds = {d.kind for d in cluster.devices}
+    forbidden: list[set[str]] = [set() for _ in range(len(units))]
+    for op, by_kind in enumerate(graph.compute_us_by_kind):
+        for kind, us in by_kind.items():
+            if us is None and kind in kinds:
+                forbidden[units.unit_of[op]].add(kind)
+    return [frozenset(f) for f in forbidden]
+
+
 def co_place(graph: Graph, cluster: Cluster, units: Units, cap: float | None = None) -> Units:
     """Co-placement: each op with a single consumer joins the consumer's unit, within ``cap``.
 
@@ -327,6 +341,9 @@ def co_place(graph: Graph, cluster: Cluster, units: Units, cap: float | None = N
     consumer, weight = single_consumers(graph)
     unit_of = units.unit_of
     position = graph.topo_position
+    # with compute_us_by_kind, units merge only when the same kinds forbid them: a merge never
+    # takes a device away from an op
+    forbidden = forbidden_kinds(graph, cluster, units)
     candidates = [
         (-weight[op], position[op], op) for op in range(len(graph))
         if consumer[op] >= 0 and unit_of[op] != unit_of[consumer[op]]
@@ -340,6 +357,8 @@ def co_place(graph: Graph, cluster: Cluster, units: Units, cap: float | None = N
         if a == b:
             continue
         if pin[a] >= 0 and pin[b] >= 0 and pin[a] != pin[b]:
+            continue
+        if forbidden is not None and forbidden[a] != forbidden[b]:
             continue
         if proxy.merged(a, b) > cap:
             continue

@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from baechi.algorithms.base import Assignment, Problem
@@ -133,10 +134,10 @@ class ListScheduler:
         return ready, copy_bytes
 
     # ----------------------------------------------------------------- candidates
-    def _allowed(self, op: int) -> range | tuple[int]:
+    def _allowed(self, op: int) -> Sequence[int]:
         unit = self.units.unit_of[op]
         d = self.unit_device[unit]
-        return (d,) if d >= 0 else range(self.n_dev)
+        return (d,) if d >= 0 else self.problem.devices_for(unit)
 
     def _offer(self, op: int) -> None:
         """Make a newly ready op a candidate on every device it may go to."""

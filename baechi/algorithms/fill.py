@@ -97,11 +97,12 @@ def place_fill(problem: Problem) -> Assignment:
         d = unit_device[unit]
         if d < 0:
             new = unit_persistent[unit]
-            d = next((e for e in range(current, n_dev) if fits(op, e, new)), -1)
+            allowed = problem.devices_for(unit)
+            d = next((e for e in allowed if e >= current and fits(op, e, new)), -1)
             if d < 0:
-                d = next((e for e in range(current) if fits(op, e, new)), -1)
+                d = next((e for e in allowed if e < current and fits(op, e, new)), -1)
             if d < 0:
-                missing = min(shortfall(op, e, new) for e in range(n_dev))
+                missing = min(shortfall(op, e, new) for e in allowed)
                 raise InfeasiblePlacement(
                     f"m-fill: op {graph.names[op]!r} fits on no device in topological order: "
                     f"the closest is {missing:.0f} bytes short",

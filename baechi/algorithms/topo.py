@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from baechi.algorithms.base import Assignment, Problem
 from baechi.errors import InfeasiblePlacement
@@ -49,7 +50,8 @@ def place_topo(problem: Problem) -> Assignment:
         if not counted[unit]:
             counted[unit] = True
             if unit_device[unit] < 0:
-                unit_device[unit] = _choose(unit, need[unit], used, budget, share, current)
+                unit_device[unit] = _choose(unit, need[unit], used, budget, share, current,
+                                            problem.devices_for(unit))
                 current = max(current, unit_device[unit])
             used[unit_device[unit]] += need[unit]
         d = unit_device[unit]
@@ -59,12 +61,14 @@ def place_topo(problem: Problem) -> Assignment:
 
 
 def _choose(
-    unit: int, need: int, used: list[float], budget: list[float], share: float, current: int
+    unit: int, need: int, used: list[float], budget: list[float], share: float, current: int,
+    allowed: Sequence[int],
 ) -> int:
-    for d in range(current, len(budget)):
-        if used[d] + need <= min(share, budget[d]) or (used[d] == 0 and need <= budget[d]):
+    for d in allowed:
+        if d >= current and (
+                used[d] + need <= min(share, budget[d]) or (used[d] == 0 and need <= budget[d])):
             return d
-    roomiest = max(range(len(budget)), key=lambda d: budget[d] - used[d])
+    roomiest = max(allowed, key=lambda d: budget[d] - used[d])
     if used[roomiest] + need <= budget[roomiest] or math.isinf(budget[roomiest]):
         return roomiest
     raise InfeasiblePlacement(
