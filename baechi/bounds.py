@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from baechi.costmodel import INSTANT_US
+from baechi.costmodel import CostModel, instant
 from baechi.graph import Graph
 from baechi.grouping import Units
 
 
-def running_bytes(graph: Graph, op: int) -> int:
+def running_bytes(graph: Graph, op: int, cost: CostModel | None = None) -> int:
     """Bytes that must be resident on ``op``'s device while it runs, whatever the plan.
 
     Its temp and output are allocated when it starts; each input tensor is there until it
     ends, as the producer's output or as a received copy (whichever is smaller counts). A
     zero-time op frees its inputs at the instant it allocates, so only its own bytes count
-    (see :data:`INSTANT_US`).
+    (:meth:`CostModel.instant_somewhere <baechi.costmodel.CostModel.instant_somewhere>`;
+    without ``cost``, the op's ``compute_us`` at speed 1 decides).
 
     Examples
     --------
@@ -26,7 +27,7 @@ def running_bytes(graph: Graph, op: int) -> int:
     137
     """
     need = graph.temp_bytes[op] + graph.output_bytes[op]
-    if graph.compute_us[op] < INSTANT_US:
+    if cost.instant_somewhere(op) if cost is not None else instant(graph.compute_us[op]):
         return need
     inputs: dict[tuple[int, str], int] = {}
     for k in graph.in_edges[op]:
@@ -38,7 +39,9 @@ def running_bytes(graph: Graph, op: int) -> int:
     return need + sum(inputs.values())
 
 
-def unit_floor(graph: Graph, units: Units, unit: int) -> tuple[int, int]:
+def unit_floor(
+    graph: Graph, units: Units, unit: int, cost: CostModel | None = None
+) -> tuple[int, int]:
     """(bytes, op): what the unit's device must hold at least, and the op where it peaks.
 
     Every member's persistent bytes are resident all step, plus the running bytes of the
@@ -46,5 +49,5 @@ def unit_floor(graph: Graph, units: Units, unit: int) -> tuple[int, int]:
     """
     members = units.members[unit]
     persistent = sum(graph.persistent_bytes[op] for op in members)
-    worst = max(members, key=lambda op: running_bytes(graph, op))
-    return persistent + running_bytes(graph, worst), worst
+    worst = max(members, key=lambda op: running_bytes(graph, op, cost))
+    return persistent + running_bytes(graph, worst, cost), worst

@@ -14,7 +14,15 @@ import math
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from baechi.errors import InvalidCluster
 
@@ -37,6 +45,12 @@ MAX_LATENCY_US, MIN_BANDWIDTH_GBPS = 1e12, 1e-6
 
 #: Name prefix of devices written with the count shorthand.
 DEFAULT_NAME_PREFIX = "/GPU:"
+
+#: A device's kind when the cluster does not say (DESIGN §10).
+DEFAULT_KIND = "gpu"
+
+#: Most per-pair link overrides in one network (a full mesh of 64 devices).
+MAX_LINKS = 64 * 63 // 2
 
 
 def parse_size(value: int | str) -> int:
@@ -69,13 +83,16 @@ def parse_size(value: int | str) -> int:
 
 
 class Device(BaseModel):
-    """One accelerator: its name, memory (``None`` = unlimited) and relative speed."""
+    """One device: its name, memory (``None`` = unlimited), relative speed, kind (which of an
+    op's ``compute_us_by_kind`` applies) and whether it is a host (DESIGN §10)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(min_length=1)
     memory_bytes: int | None = None
     speed: float = Field(default=1.0, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False)
+    kind: str = Field(default=DEFAULT_KIND, min_length=1, max_length=64)
+    host: StrictBool = False
 
     @field_validator("memory_bytes", mode="before")
     @classmethod
@@ -90,14 +107,54 @@ class Device(BaseModel):
         return value
 
 
+def _number(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not a boolean")
+    if isinstance(value, float) and math.isnan(value):
+        raise ValueError("must not be NaN")
+    return value
+
+
+class Link(BaseModel):
+    """A per-pair override of the default link (DESIGN §10), symmetric: ``devices`` names the
+    two devices; an absent field keeps the network's value."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    devices: tuple[str, str]
+    latency_us: float | None = Field(default=None, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
+    bandwidth_gbps: float | None = Field(default=None, ge=MIN_BANDWIDTH_GBPS)
+
+    _no_bool = field_validator("latency_us", "bandwidth_gbps", mode="before")(
+        classmethod(lambda cls, value: _number(value)))
+
+    @field_validator("devices")
+    @classmethod
+    def _two(cls, devices: tuple[str, str]) -> tuple[str, str]:
+        if devices[0] == devices[1]:
+            raise ValueError(f"a link joins two different devices, not {devices[0]!r} to itself")
+        return devices
+
+
 class Network(BaseModel):
-    """Links between devices: a transfer of b bytes costs ``latency_us + b / (GB/s * 1000)``."""
+    """Links between devices: a transfer of b bytes costs ``latency_us + b / (GB/s * 1000)``
+    on the default link, or on the pair's entry of ``links``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     latency_us: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
     bandwidth_gbps: float = Field(default=math.inf, ge=MIN_BANDWIDTH_GBPS)
     mode: Literal["sequential", "parallel"] = "sequential"
+    links: list[Link] = Field(default_factory=list, max_length=MAX_LINKS)
+
+    def link(self, pair: Link) -> Network:
+        """The network of one pair: this one with the pair's overrides."""
+        return Network(
+            latency_us=self.latency_us if pair.latency_us is None else pair.latency_us,
+            bandwidth_gbps=(self.bandwidth_gbps if pair.bandwidth_gbps is None
+                            else pair.bandwidth_gbps),
+            mode=self.mode,
+        )
 
     @field_validator("latency_us", "bandwidth_gbps", mode="before")
     @classmethod
@@ -108,9 +165,15 @@ class Network(BaseModel):
             raise ValueError("must not be NaN")
         return value
 
+    @property
+    def us_per_byte(self) -> float:
+        """Microseconds per byte: ``1 / (bandwidth_gbps * 1000)`` (0 for infinite bandwidth)."""
+        return 1.0 / (self.bandwidth_gbps * 1000.0)
+
     def transfer_us(self, nbytes: int) -> float:
-        """Time to move ``nbytes`` between two devices (``latency_us`` alone for 0 bytes)."""
-        return self.latency_us + nbytes / (self.bandwidth_gbps * 1000.0)
+        """Time to move ``nbytes`` between two devices (``latency_us`` alone for 0 bytes):
+        ``latency_us + nbytes * us_per_byte``, the one formula the cost model uses."""
+        return self.latency_us + nbytes * self.us_per_byte
 
 
 class DeviceCount(BaseModel):
@@ -122,6 +185,8 @@ class DeviceCount(BaseModel):
     memory_bytes: int | None = None
     speed: float = Field(default=1.0, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False)
     name_prefix: str = DEFAULT_NAME_PREFIX
+    kind: str = Field(default=DEFAULT_KIND, min_length=1, max_length=64)
+    host: StrictBool = False
 
     @field_validator("memory_bytes", mode="before")
     @classmethod
@@ -130,7 +195,8 @@ class DeviceCount(BaseModel):
 
     def expand(self) -> list[Device]:
         return [
-            Device(name=f"{self.name_prefix}{i}", memory_bytes=self.memory_bytes, speed=self.speed)
+            Device(name=f"{self.name_prefix}{i}", memory_bytes=self.memory_bytes, speed=self.speed,
+                   kind=self.kind, host=self.host)
             for i in range(self.count)
         ]
 
@@ -166,6 +232,22 @@ class Cluster(BaseModel):
                 raise ValueError(f"device name {device.name!r} appears twice")
             seen.add(device.name)
         return devices
+
+    @model_validator(mode="after")
+    def _links_name_devices(self) -> Cluster:
+        names = {device.name for device in self.devices}
+        seen: set[frozenset[str]] = set()
+        for i, link in enumerate(self.network.links):
+            for name in link.devices:
+                if name not in names:
+                    raise ValueError(f"network.links[{i}].devices: {name!r} is not a device "
+                                     "of the cluster")
+            pair = frozenset(link.devices)
+            if pair in seen:
+                raise ValueError(f"network.links[{i}]: a second link between "
+                                 f"{link.devices[0]!r} and {link.devices[1]!r}")
+            seen.add(pair)
+        return self
 
     @classmethod
     def parse(cls, value: Cluster | dict[str, Any]) -> Cluster:
@@ -217,6 +299,18 @@ class Cluster(BaseModel):
         data = self.model_dump()
         if math.isinf(self.network.bandwidth_gbps):
             data["network"].pop("bandwidth_gbps")
+        # the fields of DESIGN §10 only when used, so old clusters read as they were written
+        for device in data["devices"]:
+            if device["kind"] == DEFAULT_KIND:
+                device.pop("kind")
+            if not device["host"]:
+                device.pop("host")
+        links = data["network"].pop("links")
+        if links:
+            data["network"]["links"] = [
+                {key: list(value) if key == "devices" else value for key, value in link.items()
+                 if value is not None and not (key == "bandwidth_gbps" and math.isinf(value))}
+                for link in links]
         return data
 
 

@@ -1,9 +1,10 @@
 """The cost model's facts (DESIGN §4) in one place: what an op costs on a device, what a
-message between two devices costs, and which messages are the same message (caching).
+message between two devices costs, which messages are the same message (caching), when an
+op counts as instant, and the memory proxy of a set of ops.
 
 The simulator and every placer ask a :class:`CostModel` rather than computing times from the
 graph and cluster themselves, so a rule changes in one place. Build it once per request: it
-precomputes every op's time on every device.
+precomputes every op's time on every device and the link of every device pair.
 
 Examples
 --------
@@ -18,14 +19,22 @@ Examples
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from typing import Any
 
 from baechi.cluster import Cluster
+from baechi.errors import InfeasiblePlacement
 from baechi.graph import Graph
 
 #: Ops shorter than this (µs) may end at the instant they start once added to a start time
 #: (floating point), and then free their inputs before allocating: their inputs do not count.
 INSTANT_US = 1e-6
+
+
+def instant(us: float) -> bool:
+    """The zero-time-op rule: whether an op taking ``us`` may end at the instant it starts."""
+    return us < INSTANT_US
 
 
 class CostModel:
@@ -34,7 +43,10 @@ class CostModel:
     Attributes
     ----------
     op_us : list of list of float
-        ``op_us[d][op]``: the compute time of ``op`` on device ``d``.
+        ``op_us[d][op]``: the compute time of ``op`` on device ``d``; ``math.inf`` where the
+        op cannot run on ``d``'s kind (``compute_us_by_kind`` null).
+    fastest_us : list of float
+        Each op's time on the device where it is fastest (the priority of list schedulers).
     sequential : bool
         Whether each device has one channel shared by its sends and receives.
     """
@@ -45,31 +57,239 @@ class CostModel:
         network = cluster.network
         self.sequential = network.mode == "sequential"
         self._latency_us = network.latency_us
-        self._us_per_byte = 1.0 / (network.bandwidth_gbps * 1000.0)
+        self._us_per_byte = network.us_per_byte
         self.op_us: list[list[float]] = [
-            [c / device.speed for c in graph.compute_us] for device in cluster.devices
+            _op_times(graph, device.kind, device.speed) for device in cluster.devices
         ]
+        self.fastest_us: list[float] = [
+            min(times) for times in zip(*self.op_us, strict=True)
+        ] if self.op_us else []
+        # per-pair links (DESIGN §10): (latency, µs per byte) of each device pair, or None
+        # when every pair uses the default link
+        self._pair: list[list[tuple[float, float]]] | None = None
+        if network.links:
+            index = cluster.index()
+            default = (network.latency_us, network.us_per_byte)
+            n_dev = len(cluster.devices)
+            self._pair = [[default] * n_dev for _ in range(n_dev)]
+            for link in network.links:
+                a, b = index[link.devices[0]], index[link.devices[1]]
+                own = network.link(link)
+                self._pair[a][b] = self._pair[b][a] = (own.latency_us, own.us_per_byte)
+        self._measured = graph.edge_transfer_us
+        self._single: tuple[float, int] | None = None
+        self._lower_bound: float | None = None
 
+    # ------------------------------------------------------------------ messages
     def message_bytes(self, edge: int) -> int:
         """Bytes a transfer of ``edge`` carries: the edge's bytes, 0 for a control edge."""
         return 0 if self.graph.edge_control[edge] else self.graph.edge_bytes[edge]
 
     def transfer_us(self, edge: int, src_device: int, dst_device: int) -> float:
-        """Time to send ``edge``'s message from ``src_device`` to ``dst_device`` (≠)."""
+        """Time to send ``edge``'s message from ``src_device`` to ``dst_device`` (≠): the
+        edge's measured ``transfer_us`` if it has one, else the formula of the pair's link
+        (:meth:`baechi.cluster.Network.transfer_us`)."""
+        if self._measured is not None and self._measured[edge] is not None:
+            return self._measured[edge]
+        if self._pair is None:
+            return self._latency_us + self.message_bytes(edge) * self._us_per_byte
+        latency, per_byte = self._pair[src_device][dst_device]
+        return latency + self.message_bytes(edge) * per_byte
+
+    def nominal_transfer_us(self, edge: int) -> float:
+        """``edge``'s transfer time before devices are known: the measured time, else the
+        default link's. For models that cost an edge once (m-SCT's LP)."""
+        if self._measured is not None and self._measured[edge] is not None:
+            return self._measured[edge]
         return self._latency_us + self.message_bytes(edge) * self._us_per_byte
 
     def transfer_key(self, edge: int, dst_device: int) -> tuple[Any, ...]:
         """The cache key of ``edge``'s message to ``dst_device``: a message with the same key
-        is sent once and reused by every consumer there (DESIGN §4, tensor identity)."""
+        is sent once and reused by every consumer there (DESIGN §4, tensor identity).
+        ``key[1]`` is the destination device."""
         g = self.graph
         if g.edge_control[edge]:
             return (g.edge_src[edge], dst_device, None, 0)
         return (g.edge_src[edge], dst_device, g.edge_tensor[edge], g.edge_bytes[edge])
 
+    # ------------------------------------------------------------------ ops
     def is_instant(self, op: int, device: int) -> bool:
         """Whether ``op`` may end at the instant it starts on ``device`` (see
         :data:`INSTANT_US`): it then frees its inputs before it allocates."""
-        return self.op_us[device][op] < INSTANT_US
+        return instant(self.op_us[device][op])
+
+    def instant_somewhere(self, op: int) -> bool:
+        """Whether ``op`` is instant on some device (a plan-independent memory bound may then
+        only count its own bytes)."""
+        return instant(self.fastest_us[op])
+
+    def can_run(self, op: int, device: int) -> bool:
+        """Whether ``op`` may be placed on ``device`` (its kind does not forbid it)."""
+        return not math.isinf(self.op_us[device][op])
+
+    def devices_for(self, ops: Iterable[int]) -> list[int]:
+        """The devices where every op of ``ops`` can run, in cluster order."""
+        ops = list(ops)
+        return [d for d, us in enumerate(self.op_us) if all(us[op] != math.inf for op in ops)]
+
+    def check_runnable(self) -> None:
+        """Raise :class:`~baechi.errors.InfeasiblePlacement` naming the first op that can run
+        on no device of the cluster (``compute_us_by_kind`` null for every kind there)."""
+        for op, us in enumerate(self.fastest_us):
+            if us == math.inf:
+                kinds = sorted({d.kind for d in self.cluster.devices})
+                name = self.graph.names[op]
+                raise InfeasiblePlacement(
+                    f"op {name!r}.compute_us_by_kind: the op cannot run on any device of the "
+                    f"cluster (null for kind{'s' if len(kinds) > 1 else ''} "
+                    f"{', '.join(map(repr, kinds))})",
+                    {"op": name, "field": "compute_us_by_kind"},
+                )
+
+    def single_device(self) -> int:
+        """The device of the single-device plan: where every op can run and the sum of op
+        times is least (the fastest device when no op has ``compute_us_by_kind``); -1 when no
+        device can run every op."""
+        if self.graph.compute_us_by_kind is None:
+            return self.cluster.fastest()
+        best, best_total = -1, math.inf
+        for d, us in enumerate(self.op_us):
+            total = math.fsum(us)
+            if total < best_total:
+                best, best_total = d, total
+        return best
+
+    def lower_bound_us(self) -> float:
+        """A lower bound of any plan's step time: the longest chain of ops, each at its
+        fastest, and the work spread evenly (Σ compute / Σ speed; with kinds, Σ fastest
+        time / devices). Computed once."""
+        if self._lower_bound is None:
+            self._lower_bound = self._compute_lower_bound()
+        return self._lower_bound
+
+    def _compute_lower_bound(self) -> float:
+        graph = self.graph
+        finish = [0.0] * len(graph)
+        longest = 0.0
+        fastest = self.fastest_us
+        for op in graph.topo:
+            start = 0.0
+            for k in graph.in_edges[op]:
+                f = finish[graph.edge_src[k]]
+                if f > start:
+                    start = f
+            finish[op] = start + fastest[op]
+            if finish[op] > longest:
+                longest = finish[op]
+        devices = self.cluster.devices
+        if graph.compute_us_by_kind is None:
+            spread = float(sum(graph.compute_us)) / sum(d.speed for d in devices)
+        else:
+            spread = math.fsum(fastest) / len(devices)
+        return max(longest, spread)
+
+    # ------------------------------------------------------------------ whole-graph facts
+    def single_device_run(self) -> tuple[float, int]:
+        """Step time and peak memory of the canonical order on :meth:`single_device`,
+        computed once per cost model (every replay of a request reports it); ``(inf, 0)`` when
+        no device can run every op."""
+        if self._single is None:
+            from baechi.simulate import single_device_run  # the simulator imports this module
+
+            d = self.single_device()
+            if d < 0:
+                self._single = (math.inf, 0)
+            else:
+                self._single = single_device_run(self.graph, self.cluster, d, cost=self)
+        return self._single
 
 
-__all__ = ["INSTANT_US", "CostModel"]
+def _op_times(graph: Graph, kind: str, speed: float) -> list[float]:
+    """Every op's time on a device of ``kind`` and ``speed``: ``compute_us_by_kind[kind]``
+    where given (``inf`` for null), else ``compute_us / speed``."""
+    times = [c / speed for c in graph.compute_us]
+    if graph.compute_us_by_kind is not None:
+        for op, by_kind in enumerate(graph.compute_us_by_kind):
+            if kind in by_kind:
+                us = by_kind[kind]
+                times[op] = math.inf if us is None else us
+    return times
+
+
+def memory_proxy(graph: Graph, ops: Iterable[int]) -> int:
+    """A safe upper bound of what ``ops`` need on a device by themselves, in bytes.
+
+    Σ ``persistent_bytes`` + Σ ``output_bytes`` + max ``temp_bytes``: weights stay resident,
+    at worst every output is alive at once (training keeps forward activations until the
+    backward pass), and a device runs one op at a time so only one temp is held. Received
+    copies of other ops' tensors are not included. :class:`MemoryProxy` keeps it for sets that
+    merge.
+
+    Examples
+    --------
+    >>> from baechi import load_graph
+    >>> g = load_graph({"format": "baechi.graph/v1", "ops": [
+    ...     {"name": "a", "compute_us": 1, "output_bytes": 10, "temp_bytes": 7},
+    ...     {"name": "b", "compute_us": 1, "persistent_bytes": 5, "temp_bytes": 3}]})
+    >>> memory_proxy(g, [0, 1])
+    22
+    """
+    resident, temp = 0, 0
+    output, persistent, scratch = graph.output_bytes, graph.persistent_bytes, graph.temp_bytes
+    for op in ops:
+        resident += persistent[op] + output[op]
+        if scratch[op] > temp:
+            temp = scratch[op]
+    return resident + temp
+
+
+class MemoryProxy:
+    """:func:`memory_proxy` of sets that merge: ``resident[i]`` (Σ persistent + Σ output) and
+    ``temp[i]`` (max temp) per set, the sets numbered by ``set_of`` (default: one op each).
+
+    Examples
+    --------
+    >>> from baechi import load_graph
+    >>> g = load_graph({"format": "baechi.graph/v1", "ops": [
+    ...     {"name": "a", "compute_us": 1, "output_bytes": 10, "temp_bytes": 7},
+    ...     {"name": "b", "compute_us": 1, "persistent_bytes": 5, "temp_bytes": 3}]})
+    >>> proxy = MemoryProxy(g)
+    >>> proxy.of(0), proxy.merged(0, 1)
+    (17, 22)
+    >>> proxy.merge(1, 0); proxy.of(1)
+    22
+    """
+
+    def __init__(self, graph: Graph, set_of: list[int] | None = None,
+                 count: int | None = None) -> None:
+        if set_of is None:
+            self.resident = [p + o for p, o in zip(graph.persistent_bytes, graph.output_bytes,
+                                                   strict=True)]
+            self.temp = list(graph.temp_bytes)
+            return
+        k = count if count is not None else max(set_of, default=-1) + 1
+        self.resident = [0] * k
+        self.temp = [0] * k
+        output, persistent, scratch = graph.output_bytes, graph.persistent_bytes, graph.temp_bytes
+        for op, i in enumerate(set_of):
+            self.resident[i] += persistent[op] + output[op]
+            if scratch[op] > self.temp[i]:
+                self.temp[i] = scratch[op]
+
+    def of(self, i: int) -> int:
+        """The proxy of set ``i``."""
+        return self.resident[i] + self.temp[i]
+
+    def merged(self, a: int, b: int) -> int:
+        """The proxy sets ``a`` and ``b`` would have as one."""
+        ta, tb = self.temp[a], self.temp[b]
+        return self.resident[a] + self.resident[b] + (ta if ta > tb else tb)
+
+    def merge(self, into: int, other: int) -> None:
+        """Make set ``into`` hold ``other`` too."""
+        self.resident[into] += self.resident[other]
+        if self.temp[other] > self.temp[into]:
+            self.temp[into] = self.temp[other]
+
+
+__all__ = ["INSTANT_US", "CostModel", "MemoryProxy", "instant", "memory_proxy"]

@@ -31,8 +31,9 @@ import math
 from dataclasses import dataclass, field
 
 from baechi.cluster import Cluster
+from baechi.costmodel import MemoryProxy
 from baechi.graph import Graph
-from baechi.grouping import Units
+from baechi.grouping import DisjointSets, Units
 
 #: Neighbours the O(degree) tests may scan before falling back to the exact check.
 MAX_SCAN = 32
@@ -103,9 +104,7 @@ def fusion_partition(
     ([0, 0, 1, 2], 3)
     """
     n = len(graph)
-    rank = [0] * n
-    for i, op in enumerate(graph.topo):
-        rank[op] = i
+    rank = list(graph.topo_position)  # changed as nodes merge
     edge_src, edge_dst = graph.edge_src, graph.edge_dst
     succ = [{edge_dst[k] for k in outs} for outs in graph.out_edges]
     pred = [{edge_src[k] for k in ins} for ins in graph.in_edges]
@@ -115,17 +114,16 @@ def fusion_partition(
         if unit_of[u] == unit_of[v]
     ]
 
-    parent = list(range(n))  # node union-find: a node is named by its root op
-
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
+    nodes = DisjointSets(n)  # a node is named by its root op
+    parent, find = nodes.parent, nodes.find
 
     budget = VISITS_PER_EDGE * (len(edge_src) + n)
-    resident = [p + o for p, o in zip(graph.persistent_bytes, graph.output_bytes, strict=True)]
-    scratch = list(graph.temp_bytes)
+    proxy = MemoryProxy(graph)  # of each node, at its root
+    # kinds with a measured time per op (compute_us_by_kind): a node sums its members' times
+    # per kind, so only ops measured on the same kinds fuse (nulls fuse with anything)
+    timed_kinds = None if graph.compute_us_by_kind is None else [
+        frozenset(k for k, us in by_kind.items() if us is not None)
+        for by_kind in graph.compute_us_by_kind]
     # a node's version changes when it or a neighbour merges: a skipped edge is only worth
     # retrying when one of its two nodes changed since
     version = [0] * n
@@ -144,8 +142,10 @@ def fusion_partition(
                 continue  # nothing changed around this edge since it was skipped
             # a node may not outgrow the merge cap (same proxy as units): the placer holds a
             # node's memory while any of it runs. Nodes only grow: no retry needed.
-            if resident[U] + resident[V] + max(scratch[U], scratch[V]) > cap:
+            if proxy.merged(U, V) > cap:
                 continue
+            if timed_kinds is not None and timed_kinds[U] != timed_kinds[V]:
+                continue  # the fused node's time on some kind would mix two rules
             ru, rv = rank[U], rank[V]
             out_u, in_v = succ[U], pred[V]
             # No other predecessor of V ranked after U (Baechi's in(v) = 1 is the simplest
@@ -183,10 +183,8 @@ def fusion_partition(
             if len(out_u) + len(pred[U]) < len(succ[V]) + len(in_v):
                 U, V = V, U
             _merge(U, V, succ, pred, version)
-            resident[U] += resident[V]
-            if scratch[V] > scratch[U]:
-                scratch[U] = scratch[V]
-            parent[V] = U
+            proxy.merge(U, V)
+            nodes.attach(U, V)
             rank[U] = new_rank
             counts["contracted"] += 1
         pending = skipped
@@ -407,6 +405,11 @@ def contract(
     pin = [device_names[unit_pin[node_unit[i]]] if unit_pin[node_unit[i]] >= 0 else None
            for i in range(count)]
 
+    by_kind = None
+    if graph.compute_us_by_kind is not None:
+        by_kind = [_fused_times([graph.compute_us_by_kind[op] for op in ms]) for ms in members]
+    measured = graph.edge_transfer_us
+    e_transfer: list[float | None] = []
     e_src, e_dst, e_bytes, e_tensor, e_control = [], [], [], [], []
     seen: set[tuple[int, ...] | tuple[int, int, str]] = set()
     for k, tensor in zip(cross, cross_tensor, strict=True):
@@ -427,15 +430,32 @@ def contract(
         e_bytes.append(edge_bytes[k])
         e_tensor.append(tensor)
         e_control.append(control)
+        e_transfer.append(None if measured is None else measured[k])
 
     reduced = Graph(
         name=graph.name, meta={"reduced_from": graph.sha256, "ops": n}, names=names,
         types=types, compute_us=compute, output_bytes=output, temp_bytes=temp,
         persistent_bytes=persistent, colocation_group=group, pin=pin,
         forward_op=[-1] * len(names), edge_src=e_src, edge_dst=e_dst, edge_bytes=e_bytes,
-        edge_tensor=e_tensor, edge_control=e_control,
+        edge_tensor=e_tensor, edge_control=e_control, compute_us_by_kind=by_kind,
+        edge_transfer_us=None if measured is None else e_transfer,
     )
     return Fusion(reduced, Units(node_unit, unit_members, unit_pin), node_of, members)
+
+
+def _fused_times(members: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """A node's ``compute_us_by_kind``: per kind the sum of its members' times, null when one
+    of them is null (fusion only joins ops timed on the same kinds)."""
+    if len(members) == 1:
+        return members[0]
+    out: dict[str, float | None] = {}
+    for times in members:
+        for kind, us in times.items():
+            if us is None or out.get(kind, 0.0) is None:
+                out[kind] = None
+            else:
+                out[kind] = out.get(kind, 0.0) + us  # type: ignore[operator]
+    return out
 
 
 def fuse(

@@ -56,6 +56,8 @@ class OpSpec(TypedDict):
     forward_op: NotRequired[str | None]
     device: NotRequired[str | None]
     attrs: NotRequired[dict[str, Any]]
+    compute_us_by_kind: NotRequired[dict[Annotated[str, Field(min_length=1)],
+                                         NonNegativeTime | None]]
 
 
 class EdgeSpec(TypedDict):
@@ -68,6 +70,7 @@ class EdgeSpec(TypedDict):
     bytes: NonNegativeBytes
     tensor: NotRequired[str | None]
     control: NotRequired[StrictBool]
+    transfer_us: NotRequired[NonNegativeTime]
 
 
 class GraphDoc(TypedDict):
@@ -92,6 +95,10 @@ class Graph:
     ``in_edges[i]`` hold edge ids in file order; ``forward_op[i]`` is an op index or -1.
     The constructor trusts its lists (the reduction pipeline builds graphs this way);
     :func:`load_graph` validates a document first.
+
+    DESIGN §10's optional fields: ``compute_us_by_kind[i]`` is op ``i``'s ``{kind: µs or
+    None}`` (``None`` = cannot run on that kind) and ``edge_transfer_us[k]`` edge ``k``'s
+    measured transfer time or ``None``; each list is ``None`` when no op (edge) has the field.
     """
 
     def __init__(
@@ -103,6 +110,8 @@ class Graph:
         edge_control: list[bool], attrs: list[dict[str, Any]] | None = None,
         sha256: str | None = None, index: dict[str, int] | None = None,
         document: dict[str, Any] | None = None,
+        compute_us_by_kind: list[dict[str, float | None]] | None = None,
+        edge_transfer_us: list[float | None] | None = None,
     ) -> None:
         n = len(names)
         self.name, self.meta, self.names = name, meta, names
@@ -114,6 +123,8 @@ class Graph:
         self.edge_src, self.edge_dst, self.edge_bytes = edge_src, edge_dst, edge_bytes
         self.edge_tensor, self.edge_control = edge_tensor, edge_control
         self.attrs = attrs
+        self.compute_us_by_kind = compute_us_by_kind
+        self.edge_transfer_us = edge_transfer_us
         self._sha256 = sha256
         self._document = document
         self.out_edges: list[list[int]] = [[] for _ in range(n)]
@@ -122,6 +133,7 @@ class Graph:
             self.out_edges[src].append(k)
             self.in_edges[dst].append(k)
         self.topo: list[int] = self._canonical_order()
+        self._topo_position: list[int] | None = None
 
     @classmethod
     def from_document(cls, data: dict[str, Any], sha256: str) -> Graph:
@@ -191,6 +203,10 @@ class Graph:
             edge_control=[e.get("control", False) for e in edges],
             attrs=[op.get("attrs", {}) for op in ops], sha256=sha256, index=index,
             document=data,
+            compute_us_by_kind=[op.get("compute_us_by_kind", {}) for op in ops]
+            if any("compute_us_by_kind" in op for op in ops) else None,
+            edge_transfer_us=[e.get("transfer_us") for e in edges]
+            if any("transfer_us" in e for e in edges) else None,
         )
 
     @property
@@ -207,6 +223,16 @@ class Graph:
     @property
     def num_edges(self) -> int:
         return len(self.edge_src)
+
+    @property
+    def topo_position(self) -> list[int]:
+        """``topo_position[op]``: the op's index in :attr:`topo` (computed once)."""
+        if self._topo_position is None:
+            position = [0] * len(self.names)
+            for i, op in enumerate(self.topo):
+                position[op] = i
+            self._topo_position = position
+        return self._topo_position
 
     def successors(self, op: int) -> list[int]:
         return [self.edge_dst[k] for k in self.out_edges[op]]
@@ -272,6 +298,8 @@ class Graph:
                  else None, None),
                 ("device", self.pin[i], None),
                 ("attrs", self.attrs[i] if self.attrs else {}, {}),
+                ("compute_us_by_kind",
+                 self.compute_us_by_kind[i] if self.compute_us_by_kind else {}, {}),
             ):
                 if value != default:
                     op[key] = value
@@ -285,6 +313,8 @@ class Graph:
                 edge["tensor"] = self.edge_tensor[k]
             if self.edge_control[k]:
                 edge["control"] = True
+            if self.edge_transfer_us is not None and self.edge_transfer_us[k] is not None:
+                edge["transfer_us"] = self.edge_transfer_us[k]
             edges.append(edge)
         return {"format": GRAPH_FORMAT, "name": self.name, "meta": self.meta, "ops": ops,
                 "edges": edges}

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from baechi.cluster import Cluster
+from baechi.costmodel import MemoryProxy, memory_proxy
 from baechi.errors import InvalidRequest
 from baechi.graph import Graph
 
@@ -44,6 +45,12 @@ class DisjointSets:
         self.parent[rb] = ra
         size[ra] += size[rb]
         return ra
+
+    def attach(self, root: int, child: int) -> None:
+        """Join root ``child``'s set into root ``root``'s, ``root`` staying the root (for
+        callers that name a set by a chosen member)."""
+        self.parent[child] = root
+        self.size[root] += self.size[child]
 
 
 @dataclass
@@ -155,21 +162,13 @@ def unit_memory(graph: Graph, units: Units) -> list[int]:
     >>> unit_memory(g, colocation_units(g, Cluster.uniform(1)))
     [17, 9]
     """
-    k = len(units)
-    resident = [0] * k
-    temp = [0] * k
-    output, persistent, scratch = graph.output_bytes, graph.persistent_bytes, graph.temp_bytes
-    for op, unit in enumerate(units.unit_of):
-        resident[unit] += persistent[op] + output[op]
-        if scratch[op] > temp[unit]:
-            temp[unit] = scratch[op]
-    return [r + t for r, t in zip(resident, temp, strict=True)]
+    proxy = MemoryProxy(graph, units.unit_of, len(units))
+    return [proxy.of(unit) for unit in range(len(units))]
 
 
 def graph_memory(graph: Graph) -> int:
     """The :func:`unit_memory` proxy of the whole graph taken as one unit."""
-    return (sum(graph.persistent_bytes) + sum(graph.output_bytes)
-            + max(graph.temp_bytes, default=0))
+    return memory_proxy(graph, range(len(graph)))
 
 
 #: A merged unit may take at most this fraction of the smallest device's memory.
@@ -286,6 +285,20 @@ def merge_units(graph: Graph, units: Units, sets: DisjointSets) -> Units:
     return Units(unit_of, members, pin)
 
 
+def forbidden_kinds(graph: Graph, cluster: Cluster, units: Units) -> list[frozenset[str]] | None:
+    """Per unit, the cluster's device kinds some member cannot run on (``None`` when no op
+    has ``compute_us_by_kind``)."""
+    if graph.compute_us_by_kind is None:
+        return None
+    kinds = {d.kind for d in cluster.devices}
+    forbidden: list[set[str]] = [set() for _ in range(len(units))]
+    for op, by_kind in enumerate(graph.compute_us_by_kind):
+        for kind, us in by_kind.items():
+            if us is None and kind in kinds:
+                forbidden[units.unit_of[op]].add(kind)
+    return [frozenset(f) for f in forbidden]
+
+
 def co_place(graph: Graph, cluster: Cluster, units: Units, cap: float | None = None) -> Units:
     """Co-placement: each op with a single consumer joins the consumer's unit, within ``cap``.
 
@@ -322,20 +335,15 @@ def co_place(graph: Graph, cluster: Cluster, units: Units, cap: float | None = N
     if cap is None:
         cap = merge_cap(graph, cluster)
     k = len(units)
-    # per unit, at its root: Σ persistent + Σ output, and max temp (see unit_memory)
-    resident = [0] * k
-    temp = [0] * k
-    for op, unit in enumerate(units.unit_of):
-        resident[unit] += graph.persistent_bytes[op] + graph.output_bytes[op]
-        if graph.temp_bytes[op] > temp[unit]:
-            temp[unit] = graph.temp_bytes[op]
+    proxy = MemoryProxy(graph, units.unit_of, k)  # kept at each set's root
     pin = list(units.pin)
 
     consumer, weight = single_consumers(graph)
     unit_of = units.unit_of
-    position = [0] * len(graph)
-    for i, op in enumerate(graph.topo):
-        position[op] = i
+    position = graph.topo_position
+    # with compute_us_by_kind, units merge only when the same kinds forbid them: a merge never
+    # takes a device away from an op
+    forbidden = forbidden_kinds(graph, cluster, units)
     candidates = [
         (-weight[op], position[op], op) for op in range(len(graph))
         if consumer[op] >= 0 and unit_of[op] != unit_of[consumer[op]]
@@ -350,11 +358,11 @@ def co_place(graph: Graph, cluster: Cluster, units: Units, cap: float | None = N
             continue
         if pin[a] >= 0 and pin[b] >= 0 and pin[a] != pin[b]:
             continue
-        t = temp[a] if temp[a] > temp[b] else temp[b]
-        if resident[a] + resident[b] + t > cap:
+        if forbidden is not None and forbidden[a] != forbidden[b]:
+            continue
+        if proxy.merged(a, b) > cap:
             continue
         root = sets.union(a, b)
-        resident[root] = resident[a] + resident[b]
-        temp[root] = t
+        proxy.merge(root, b if root == a else a)
         pin[root] = pin[a] if pin[a] >= 0 else pin[b]
     return merge_units(graph, units, sets)

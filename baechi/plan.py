@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_serializer,
+)
 
 from baechi.cluster import describe_validation_error
 from baechi.errors import InvalidPlan
@@ -31,7 +40,13 @@ class PlanRequest(BaseModel):
 
 
 class Estimate(BaseModel):
-    """What the simulator (DESIGN §4) reports for a plan."""
+    """What the simulator (DESIGN §4) reports for a plan.
+
+    ``single_device_us`` is infinite (``null`` in JSON) when no device can run every op
+    (``compute_us_by_kind``). Under the throughput objective (DESIGN §10) the estimate also
+    has ``time_per_sample_us`` and ``device_load_us`` (the load of each device); both are
+    absent otherwise.
+    """
 
     step_time_us: float
     lower_bound_us: float
@@ -41,6 +56,25 @@ class Estimate(BaseModel):
     transfer_bytes: int
     transfers: int
     memory_ok: bool = True
+    time_per_sample_us: float | None = None
+    device_load_us: dict[str, float] | None = None
+
+    @field_validator("single_device_us", mode="before")
+    @classmethod
+    def _none_is_infinite(cls, value: Any) -> Any:
+        return math.inf if value is None else value
+
+    @field_serializer("single_device_us")
+    def _infinite_is_none(self, value: float) -> float | None:
+        return None if math.isinf(value) else value
+
+    @model_serializer(mode="wrap")
+    def _without_absent(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        for key in ("time_per_sample_us", "device_load_us"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
 
 
 class Plan(BaseModel):

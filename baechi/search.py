@@ -335,9 +335,7 @@ class _Search:
                 if t > best:
                     best = t
             level[op] = op_us[d][op] + best
-        position = [0] * len(graph)
-        for i, op in enumerate(graph.topo):
-            position[op] = i
+        position = graph.topo_position
         indegree = [len(ins) for ins in graph.in_edges]
         heap = [(-level[op], position[op], op) for op in range(len(graph)) if not indegree[op]]
         heapq.heapify(heap)
@@ -367,9 +365,7 @@ def _rank_of_plan(graph: Graph, orders: list[list[int]], evaluation: Evaluation)
     (then commit instant, then canonical position), so the rank follows the schedule.
     """
     n = len(graph)
-    position = [0] * n
-    for i, op in enumerate(graph.topo):
-        position[op] = i
+    position = graph.topo_position
     chain_next = [-1] * n
     indegree = [len(ins) for ins in graph.in_edges]
     for order in orders:

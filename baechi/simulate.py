@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,11 +75,9 @@ class Simulation:
 
 
 def lower_bound_us(graph: Graph, cluster: Cluster) -> float:
-    """max(critical path on the fastest device, total compute / total speed)."""
-    fastest = max(d.speed for d in cluster.devices)
-    total_speed = sum(d.speed for d in cluster.devices)
-    total = float(sum(graph.compute_us))
-    return max(graph.critical_path_us(fastest), total / total_speed)
+    """max(critical path, each op at its fastest; total compute / total speed), see
+    :meth:`CostModel.lower_bound_us <baechi.costmodel.CostModel.lower_bound_us>`."""
+    return CostModel(graph, cluster).lower_bound_us()
 
 
 def _timing(
@@ -249,6 +248,7 @@ def replay(
 
     Use :func:`check_orders` first when the orders come from outside.
     """
+    cost = cost or CostModel(graph, cluster)
     start, end, transfers, memory = trace(graph, cluster, device_of, orders, cost)
     names = [d.name for d in cluster.devices]
     peaks = {name: m.peak for name, m in zip(names, memory, strict=True)}
@@ -256,10 +256,12 @@ def replay(
         dev.memory_bytes is None or m.peak <= dev.memory_bytes
         for dev, m in zip(cluster.devices, memory, strict=True)
     )
-    single_us, single_fits = single_device(graph, cluster)
+    single_us, single_fits = single_device(graph, cluster, cost)
+    if single_us == math.inf:  # no device can run every op
+        single_fits = False
     estimate = Estimate(
         step_time_us=max(end, default=0.0),
-        lower_bound_us=lower_bound_us(graph, cluster),
+        lower_bound_us=cost.lower_bound_us(),
         single_device_us=single_us,
         single_device_fits=single_fits,
         peak_memory_bytes=peaks,
@@ -271,20 +273,29 @@ def replay(
 
 
 def single_device_run(
-    graph: Graph, cluster: Cluster, device: int | None = None
+    graph: Graph, cluster: Cluster, device: int | None = None, cost: CostModel | None = None
 ) -> tuple[float, int]:
     """Step time and peak memory of the canonical order on one device (the fastest)."""
     d = cluster.fastest() if device is None else device
     orders: list[list[int]] = [[] for _ in cluster.devices]
     orders[d] = graph.topo
-    _, end, _, memory = trace(graph, cluster, [d] * len(graph), orders)
+    _, end, _, memory = trace(graph, cluster, [d] * len(graph), orders, cost)
     return max(end, default=0.0), memory[d].peak
 
 
-def single_device(graph: Graph, cluster: Cluster) -> tuple[float, bool]:
-    """Step time of the canonical order on the fastest device, and whether it fits there."""
-    step, peak = single_device_run(graph, cluster)
-    limit = cluster.devices[cluster.fastest()].memory_bytes
+def single_device(
+    graph: Graph, cluster: Cluster, cost: CostModel | None = None
+) -> tuple[float, bool]:
+    """Step time of the canonical order on the fastest device, and whether it fits there.
+
+    With ``cost``, the run is computed once per cost model (:meth:`CostModel.single_device_run`).
+    """
+    cost = cost or CostModel(graph, cluster)
+    step, peak = cost.single_device_run()
+    d = cost.single_device()
+    if d < 0:
+        return step, False
+    limit = cluster.devices[d].memory_bytes
     return step, limit is None or peak <= limit
 
 
@@ -325,8 +336,19 @@ def check_orders(graph: Graph, orders: list[list[int]]) -> None:
 def check_constraints(
     graph: Graph, cluster: Cluster, device_of: list[int], forward_pairs: bool = True
 ) -> None:
-    """Raise :class:`InvalidPlan` where a colocation group, pin or forward pair is broken."""
+    """Raise :class:`InvalidPlan` where a colocation group, pin or forward pair is broken, or
+    an op is on a device of a kind it cannot run on (``compute_us_by_kind`` null)."""
     names = [d.name for d in cluster.devices]
+    if graph.compute_us_by_kind is not None:
+        for op, d in enumerate(device_of):
+            kind = cluster.devices[d].kind
+            by_kind = graph.compute_us_by_kind[op]
+            if kind in by_kind and by_kind[kind] is None:
+                raise InvalidPlan(
+                    f"op {graph.names[op]!r} is placed on {names[d]!r} of kind {kind!r}, where "
+                    f"it cannot run (compute_us_by_kind.{kind} is null)",
+                    {"op": graph.names[op], "field": "compute_us_by_kind"},
+                )
     group_device: dict[str, int] = {}
     group_first: dict[str, int] = {}
     for op, d in enumerate(device_of):

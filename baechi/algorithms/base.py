@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from baechi.cluster import Cluster
+from baechi.costmodel import CostModel
+from baechi.errors import InfeasiblePlacement, InvalidRequest
 from baechi.graph import Graph
 from baechi.grouping import Units
 
@@ -25,6 +27,8 @@ class Problem:
 
     ``budget[d]`` is the memory the placer may plan to use on device ``d`` (its limit, or
     less when a first plan overshot under the simulator); ``math.inf`` means unlimited.
+    ``cost`` is the graph's :class:`~baechi.costmodel.CostModel` on the cluster (built when
+    not given): every time an algorithm uses comes from it.
     """
 
     graph: Graph
@@ -35,6 +39,22 @@ class Problem:
     progress: Progress = no_progress
     #: A plan to start from (``exact`` warm-starts from it and never returns a slower one).
     hint: Assignment | None = None
+    cost: CostModel = None  # type: ignore[assignment]  # built in __post_init__
+
+    def __post_init__(self) -> None:
+        if self.cost is None:
+            self.cost = CostModel(self.graph, self.cluster)
+        self._allowed = allowed_devices(self.graph, self.cluster, self.units, self.cost)
+
+    def devices_for(self, unit: int) -> Sequence[int]:
+        """The devices ``unit`` may go to: its pin, else every device where all its ops can
+        run (``compute_us_by_kind``), in cluster order; never empty."""
+        pin = self.units.pin[unit]
+        if pin >= 0:
+            return (pin,)
+        if self._allowed is None:
+            return range(len(self.cluster.devices))
+        return self._allowed[unit]
 
     @classmethod
     def of(cls, graph: Graph, cluster: Cluster, units: Units, **kwargs: Any) -> Problem:
@@ -53,3 +73,37 @@ class Assignment:
 
 
 Algorithm = Callable[[Problem], Assignment]
+
+
+def allowed_devices(
+    graph: Graph, cluster: Cluster, units: Units, cost: CostModel
+) -> list[list[int]] | None:
+    """Per unit, the devices where every member can run (``None``: every device, no op has
+    ``compute_us_by_kind``). Raises when a unit can run nowhere or is pinned where it cannot.
+    """
+    if graph.compute_us_by_kind is None:
+        return None
+    cost.check_runnable()
+    allowed = []
+    names = [d.name for d in cluster.devices]
+    for unit, members in enumerate(units.members):
+        devices = cost.devices_for(members)
+        pin = units.pin[unit]
+        if pin >= 0 and pin not in devices:
+            op = next(op for op in members if not cost.can_run(op, pin))
+            raise InvalidRequest(
+                f"op {graph.names[op]!r}: must be on {names[pin]!r} (pinned, or sharing a "
+                f"device with a pinned op) but cannot run on its kind "
+                f"{cluster.devices[pin].kind!r} (compute_us_by_kind)",
+                {"op": graph.names[op], "field": "compute_us_by_kind"},
+            )
+        if not devices:
+            first = members[0]
+            raise InfeasiblePlacement(
+                f"op {graph.names[first]!r} and the {len(members) - 1} ops that must share its "
+                "device (colocation, forward pairs) have no device kind that runs them all "
+                "(compute_us_by_kind)",
+                {"op": graph.names[first], "field": "compute_us_by_kind"},
+            )
+        allowed.append(devices)
+    return allowed

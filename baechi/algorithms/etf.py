@@ -22,23 +22,24 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from baechi.algorithms.base import Assignment, Problem
-from baechi.costmodel import INSTANT_US
 
 
 def remaining_path(problem: Problem) -> list[float]:
-    """Longest compute path from each op to a sink, the op included (fastest device)."""
+    """Longest compute path from each op to a sink, the op included (each op on the device
+    where it is fastest)."""
     graph = problem.graph
-    speed = max(d.speed for d in problem.cluster.devices)
+    fastest_us = problem.cost.fastest_us
     level = [0.0] * len(graph)
     for op in reversed(graph.topo):
         tail = 0.0
         for k in graph.out_edges[op]:
             if level[graph.edge_dst[k]] > tail:
                 tail = level[graph.edge_dst[k]]
-        level[op] = graph.compute_us[op] / speed + tail
+        level[op] = fastest_us[op] + tail
     return level
 
 
@@ -75,27 +76,15 @@ class ListScheduler:
         cluster = problem.cluster
         self.graph = graph
         self.n_dev = len(cluster.devices)
-        self.speed = [d.speed for d in cluster.devices]
-        network = cluster.network
-        self.latency = network.latency_us
-        self.per_byte = 1.0 / (network.bandwidth_gbps * 1000.0)
-        self.sequential = network.mode == "sequential"
+        self.cost = problem.cost
+        self.op_us = self.cost.op_us
+        self._key = self.cost.transfer_key
+        self.sequential = self.cost.sequential
         self.favourite_child = favourite_child
         self.rank = remaining_path(problem)
-        self.topo_index = [0] * len(graph)
-        for i, op in enumerate(graph.topo):
-            self.topo_index[op] = i
+        self.topo_index = graph.topo_position
 
     # ----------------------------------------------------------------- transfers
-    def _key(self, k: int, d: int) -> tuple[Any, ...]:
-        g = self.graph
-        if g.edge_control[k]:
-            return (g.edge_src[k], d, None, 0)
-        return (g.edge_src[k], d, g.edge_tensor[k], g.edge_bytes[k])
-
-    def _cost(self, k: int) -> float:
-        g = self.graph
-        return self.latency + (0 if g.edge_control[k] else g.edge_bytes[k]) * self.per_byte
 
     def data_ready(self, op: int, d: int) -> float:
         """When all of ``op``'s inputs could be on device ``d`` (channels as they are now)."""
@@ -111,7 +100,7 @@ class ListScheduler:
                     t = self.end[src]
                     if self.sequential:
                         t = max(t, self.channel_free[self.device_of[src]], self.channel_free[d])
-                    t += self._cost(k)
+                    t += self.cost.transfer_us(k, self.device_of[src], d)
             if t > ready:
                 ready = t
         return ready
@@ -130,7 +119,7 @@ class ListScheduler:
                 key = self._key(k, d)
                 t = self.sent.get(key)
                 if t is None:
-                    cost = self._cost(k)
+                    cost = self.cost.transfer_us(k, sd, d)
                     begin = self.end[src]
                     if self.sequential:
                         begin = max(begin, self.channel_free[sd], self.channel_free[d])
@@ -145,10 +134,10 @@ class ListScheduler:
         return ready, copy_bytes
 
     # ----------------------------------------------------------------- candidates
-    def _allowed(self, op: int) -> range | tuple[int]:
+    def _allowed(self, op: int) -> Sequence[int]:
         unit = self.units.unit_of[op]
         d = self.unit_device[unit]
-        return (d,) if d >= 0 else range(self.n_dev)
+        return (d,) if d >= 0 else self.problem.devices_for(unit)
 
     def _offer(self, op: int) -> None:
         """Make a newly ready op a candidate on every device it may go to."""
@@ -264,7 +253,7 @@ class ListScheduler:
         level = self.live[d] - sum(b for t, b in self.frees[d] if t <= start)
         if level + need <= budget:
             return True
-        if self.graph.compute_us[op] >= INSTANT_US:
+        if not self.cost.is_instant(op, d):
             return False
         # a zero-time op frees the inputs it is the last user of before it allocates
         g = self.graph
@@ -284,7 +273,7 @@ class ListScheduler:
         blocked op on every free made tight memory quadratic (gnmt_baechi ×4 at 1200 MiB:
         m-ETF took 24.6 s; 1.5 s with this wake rule, same step time)."""
         need = self._need(op, d) - self.reserved[d]  # the reservations change: added back
-        if self.graph.compute_us[op] < INSTANT_US:  # it may free its inputs first (_fits)
+        if self.cost.is_instant(op, d):  # it may free its inputs first (_fits)
             need -= self.graph.temp_bytes[op] + self.graph.output_bytes[op]
         heapq.heappush(self.blocked[d], (need, self.topo_index[op], op))
 
@@ -393,7 +382,7 @@ class ListScheduler:
             self.reserved[d] += self.unit_reserve[unit]
             ready, copy_bytes = self._book(op, d)
             start = max(self.device_free[d], ready)
-            end = start + g.compute_us[op] / self.speed[d]
+            end = start + self.op_us[d][op]
             self.device_of[op], self.end[op], self.done[op] = d, end, True
             self.output_free[op] = max(self.output_free[op], end)
             self.device_free[d] = end

@@ -88,7 +88,7 @@ def place_exact(problem: Problem) -> Assignment:
     began = time.perf_counter()
     graph, cluster, units = problem.graph, problem.cluster, problem.units
     n, n_dev = len(graph), len(cluster.devices)
-    cost = CostModel(graph, cluster)
+    cost = problem.cost
     hint = problem.hint or _etf_hint(problem)
     if n > EXACT_MAX_OPS:
         if hint is None:
@@ -98,15 +98,10 @@ def place_exact(problem: Problem) -> Assignment:
             "optimal": False, "bound_us": lower_bound_us(graph, cluster),
             "fallback": f"exact models graphs of up to {EXACT_MAX_OPS} ops (this one has {n} "
                         "after the reduction pipeline): m-ETF's plan"})
-    allowed = [_allowed_devices(problem, cost, u) for u in range(len(units))]
-    for u, devices in enumerate(allowed):
-        if not devices:
-            name = graph.names[units.members[u][0]]
-            raise InfeasiblePlacement(f"exact: op {name!r} can run on no device it may use",
-                                      {"op": name})
+    allowed = [list(problem.devices_for(u)) for u in range(len(units))]
     edges = _unit_edges(problem, cost)
     times = [t for d in range(n_dev) for t in cost.op_us[d] if math.isfinite(t)]
-    times += [t for *_, t in edges]
+    times += [t for *_, delays in edges for t in delays.values()]
     scale, rounding = _scale(times, _horizon_us(problem, cost, hint))
 
     def ticks(us: float) -> int:
@@ -130,15 +125,21 @@ def place_exact(problem: Problem) -> Assignment:
     for intervals in per_device:
         model.AddNoOverlap(intervals)
     same: dict[tuple[int, int], Any] = {}
-    for src, dst, unit_a, unit_b, delay in edges:
+    for src, dst, unit_a, unit_b, delays in edges:
+        model.Add(start[dst] >= end[src])
         if unit_a == unit_b:
-            model.Add(start[dst] >= end[src])
             continue
         pair = (min(unit_a, unit_b), max(unit_a, unit_b))
         if pair not in same:
             same[pair] = _same_device(model, on, allowed, *pair)
-        model.Add(start[dst] >= end[src] + ticks(delay)).OnlyEnforceIf(same[pair].Not())
-        model.Add(start[dst] >= end[src]).OnlyEnforceIf(same[pair])
+        # the cheapest link whenever the units are apart; a dearer link (per-pair links,
+        # DESIGN §10) when the units sit on its two devices
+        least = min(delays.values(), default=0.0)
+        model.Add(start[dst] >= end[src] + ticks(least)).OnlyEnforceIf(same[pair].Not())
+        for (a, b), delay in delays.items():
+            if delay > least and (unit_a, a) in on and (unit_b, b) in on:
+                model.Add(start[dst] >= end[src] + ticks(delay)).OnlyEnforceIf(
+                    [on[unit_a, a], on[unit_b, b]])
     persistent = [sum(graph.persistent_bytes[v] for v in members) for members in units.members]
     for d in range(n_dev):
         if math.isfinite(problem.budget[d]):
@@ -210,28 +211,20 @@ def _etf_hint(problem: Problem) -> Assignment | None:
         return None
 
 
-def _allowed_devices(problem: Problem, cost: CostModel, unit: int) -> list[int]:
-    """Devices the unit may go to: its pin, else every device where all its ops can run."""
-    pin = problem.units.pin[unit]
-    candidates = [pin] if pin >= 0 else range(len(problem.cluster.devices))
-    members = problem.units.members[unit]
-    return [d for d in candidates if all(math.isfinite(cost.op_us[d][v]) for v in members)]
-
-
-def _unit_edges(problem: Problem, cost: CostModel) -> list[tuple[int, int, int, int, float]]:
-    """(src op, dst op, src unit, dst unit, transfer µs) per edge, parallel edges merged
-    (the consumer waits for the slowest message; devices are uniform in this model's delay,
-    so the first device pair's time stands for all — exact on the uniform networks the model
-    is claimed exact for)."""
+def _unit_edges(
+    problem: Problem, cost: CostModel
+) -> list[tuple[int, int, int, int, dict[tuple[int, int], float]]]:
+    """(src op, dst op, src unit, dst unit, transfer µs per device pair) per op pair, parallel
+    edges merged (the consumer waits for the slowest of their messages)."""
     graph, unit_of = problem.graph, problem.units.unit_of
     n_dev = len(problem.cluster.devices)
-    worst: dict[tuple[int, int], float] = {}
+    pairs = [(a, b) for a in range(n_dev) for b in range(n_dev) if a != b]
+    worst: dict[tuple[int, int], dict[tuple[int, int], float]] = {}
     for k in range(graph.num_edges):
-        src, dst = graph.edge_src[k], graph.edge_dst[k]
-        delay = max((cost.transfer_us(k, a, b) for a in range(n_dev) for b in range(n_dev)
-                     if a != b), default=0.0)
-        worst[src, dst] = max(worst.get((src, dst), 0.0), delay)
-    return [(s, t, unit_of[s], unit_of[t], delay) for (s, t), delay in worst.items()]
+        delays = worst.setdefault((graph.edge_src[k], graph.edge_dst[k]), {})
+        for a, b in pairs:
+            delays[a, b] = max(delays.get((a, b), 0.0), cost.transfer_us(k, a, b))
+    return [(s, t, unit_of[s], unit_of[t], delays) for (s, t), delays in worst.items()]
 
 
 def _same_device(model: cp_model.CpModel, on: dict[tuple[int, int], Any],

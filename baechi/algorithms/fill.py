@@ -7,8 +7,9 @@ last resort when the requested algorithm finds no plan within memory.
 
 from __future__ import annotations
 
+from typing import Any
+
 from baechi.algorithms.base import Assignment, Problem
-from baechi.costmodel import INSTANT_US
 from baechi.errors import InfeasiblePlacement
 
 
@@ -33,7 +34,7 @@ def place_fill(problem: Problem) -> Assignment:
     >>> place_fill(Problem.of(g, c, colocation_units(g, c))).device_of
     [0, 0, 1, 1]
     """
-    graph, units, budget = problem.graph, problem.units, problem.budget
+    graph, units, budget, cost = problem.graph, problem.units, problem.budget, problem.cost
     n_dev = len(budget)
     unit_device = list(units.pin)
     persistent = [0] * n_dev  # resident from the start
@@ -45,8 +46,9 @@ def place_fill(problem: Problem) -> Assignment:
             persistent[d] += unit_persistent[unit]
     consumers_left = [sum(1 for k in graph.out_edges[op] if not graph.edge_control[k])
                       for op in range(len(graph))]
-    copies: dict[tuple[int, str, int], int] = {}  # (src, tensor, device) -> bytes held
-    copies_of: dict[int, list[tuple[int, str, int]]] = {}  # src -> its keys in ``copies``
+    # received copies, by the simulator's message key (CostModel.transfer_key) -> bytes held
+    copies: dict[tuple[Any, ...], int] = {}
+    copies_of: dict[int, list[tuple[Any, ...]]] = {}  # src -> its keys in ``copies``
     device_of = [-1] * len(graph)
     orders: list[list[int]] = [[] for _ in range(n_dev)]
     current = 0
@@ -55,32 +57,31 @@ def place_fill(problem: Problem) -> Assignment:
         total = 0
         for k in graph.in_edges[op]:
             src = graph.edge_src[k]
-            if not graph.edge_control[k] and device_of[src] != d:
-                key = (src, graph.edge_tensor[k], d)
-                if key not in copies:
-                    total += graph.edge_bytes[k]
+            if (not graph.edge_control[k] and device_of[src] != d
+                    and cost.transfer_key(k, d) not in copies):
+                total += graph.edge_bytes[k]
         return total
 
     def running(op: int, d: int) -> int:
         """The level on ``d`` while ``op`` runs there (its inputs arrive first)."""
         arrived = level[d] + incoming(op, d)
         own = graph.temp_bytes[op] + graph.output_bytes[op]
-        if graph.compute_us[op] >= INSTANT_US:
+        if not cost.is_instant(op, d):
             return arrived + own
         # a zero-time op frees the inputs it is the last consumer of before it allocates
         uses: dict[int, int] = {}
         for k in graph.in_edges[op]:
             if not graph.edge_control[k]:
                 uses[graph.edge_src[k]] = uses.get(graph.edge_src[k], 0) + 1
-        held: dict[tuple[int, str], int] = {}
+        held: dict[tuple[Any, ...], int] = {}
         for k in graph.in_edges[op]:
             src = graph.edge_src[k]
             if graph.edge_control[k] or uses[src] != consumers_left[src]:
                 continue
             if device_of[src] == d:
-                held[(src, "")] = graph.output_bytes[src]
+                held[(src,)] = graph.output_bytes[src]
             else:
-                held[(src, graph.edge_tensor[k])] = graph.edge_bytes[k]
+                held[cost.transfer_key(k, d)] = graph.edge_bytes[k]
         freed = sum(held.values())
         return max(arrived, arrived - freed + own)
 
@@ -96,11 +97,12 @@ def place_fill(problem: Problem) -> Assignment:
         d = unit_device[unit]
         if d < 0:
             new = unit_persistent[unit]
-            d = next((e for e in range(current, n_dev) if fits(op, e, new)), -1)
+            allowed = problem.devices_for(unit)
+            d = next((e for e in allowed if e >= current and fits(op, e, new)), -1)
             if d < 0:
-                d = next((e for e in range(current) if fits(op, e, new)), -1)
+                d = next((e for e in allowed if e < current and fits(op, e, new)), -1)
             if d < 0:
-                missing = min(shortfall(op, e, new) for e in range(n_dev))
+                missing = min(shortfall(op, e, new) for e in allowed)
                 raise InfeasiblePlacement(
                     f"m-fill: op {graph.names[op]!r} fits on no device in topological order: "
                     f"the closest is {missing:.0f} bytes short",
@@ -112,8 +114,10 @@ def place_fill(problem: Problem) -> Assignment:
         peak[d] = max(peak[d], running(op, d))
         for k in graph.in_edges[op]:
             src = graph.edge_src[k]
-            key = (src, graph.edge_tensor[k], d)
-            if not graph.edge_control[k] and device_of[src] != d and key not in copies:
+            if graph.edge_control[k] or device_of[src] == d:
+                continue
+            key = cost.transfer_key(k, d)
+            if key not in copies:
                 copies[key] = graph.edge_bytes[k]
                 copies_of.setdefault(src, []).append(key)
                 level[d] += graph.edge_bytes[k]
@@ -129,7 +133,7 @@ def place_fill(problem: Problem) -> Assignment:
                 # every consumer is placed: the output and its copies leave the devices
                 level[device_of[src]] -= graph.output_bytes[src]
                 for key in copies_of.pop(src, ()):
-                    level[key[2]] -= copies.pop(key)
+                    level[key[1]] -= copies.pop(key)
         if consumers_left[op] == 0:
             level[d] -= graph.output_bytes[op]
     return Assignment(device_of, orders)

@@ -34,16 +34,17 @@ FAVOURITE_THRESHOLD = 0.5
 
 
 def op_pairs(problem: Problem) -> tuple[list[int], list[int], list[float]]:
-    """Distinct (src, dst) pairs of the graph and the transfer time of each."""
-    graph, network = problem.graph, problem.cluster.network
-    sequential = network.mode == "sequential"
+    """Distinct (src, dst) pairs of the graph and the transfer time of each (on the default
+    link: :meth:`~baechi.costmodel.CostModel.nominal_transfer_us`)."""
+    graph, model = problem.graph, problem.cost
+    sequential = model.sequential
     index: dict[tuple[int, int], int] = {}
     src: list[int] = []
     dst: list[int] = []
     cost: list[float] = []
     for k in range(graph.num_edges):
         pair = (graph.edge_src[k], graph.edge_dst[k])
-        c = network.transfer_us(0 if graph.edge_control[k] else graph.edge_bytes[k])
+        c = model.nominal_transfer_us(k)
         i = index.get(pair)
         if i is None:
             index[pair] = len(src)
@@ -77,7 +78,6 @@ def favourite_children(problem: Problem) -> tuple[list[int], dict[str, Any]]:
 
     graph = problem.graph
     n = len(graph)
-    speed = max(d.speed for d in problem.cluster.devices)
     src, dst, cost = op_pairs(problem)
     tick = time.perf_counter()
     solver = pywraplp.Solver.CreateSolver("GLOP")
@@ -87,7 +87,7 @@ def favourite_children(problem: Problem) -> tuple[list[int], dict[str, Any]]:
     start = [solver.NumVar(0, inf, "") for _ in range(n)]
     x = [solver.NumVar(0, 1, "") for _ in range(len(src))]
     makespan = solver.NumVar(0, inf, "w")
-    compute = [graph.compute_us[op] / speed for op in range(n)]
+    compute = problem.cost.fastest_us
     children: list[list[int]] = [[] for _ in range(n)]
     parents: list[list[int]] = [[] for _ in range(n)]
     for i, (u, v) in enumerate(zip(src, dst, strict=True)):

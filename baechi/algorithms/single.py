@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from baechi.algorithms.base import Assignment, Problem
 from baechi.errors import InfeasiblePlacement
 from baechi.simulate import single_device_run
@@ -17,9 +19,18 @@ def place_single(problem: Problem) -> Assignment:
     pins = {p for p in units.pin if p >= 0}
     if len(pins) > 1:
         raise InfeasiblePlacement("single: the graph pins ops to more than one device")
+    cost = problem.cost
+    if graph.compute_us_by_kind is None:
+        ranked = sorted(range(len(cluster.devices)), key=lambda d: -cluster.devices[d].speed)
+        peak = cost.single_device_run()[1]
+    else:  # only devices where every op can run, least total time first
+        ranked = sorted(cost.devices_for(range(len(graph))), key=lambda d: math.fsum(cost.op_us[d]))
+        if not ranked:
+            raise InfeasiblePlacement(
+                "single: no device can run every op (compute_us_by_kind)",
+                {"field": "compute_us_by_kind"})
+        peak = single_device_run(graph, cluster, ranked[0], cost)[1]
     # one device, one order: the peak is the same whichever device runs it
-    peak = single_device_run(graph, cluster)[1]
-    ranked = sorted(range(len(cluster.devices)), key=lambda d: -cluster.devices[d].speed)
     for d in ranked:
         if not pins - {d} and peak <= problem.budget[d]:
             orders: list[list[int]] = [[] for _ in cluster.devices]

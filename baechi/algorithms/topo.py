@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from baechi.algorithms.base import Assignment, Problem
 from baechi.errors import InfeasiblePlacement
+from baechi.grouping import unit_memory
 
 
 def footprint(problem: Problem) -> list[int]:
-    """Static memory of each unit: Σ persistent + Σ output + max temp of its ops.
+    """Static memory of each unit: the :func:`~baechi.costmodel.memory_proxy` of its ops.
 
     An upper bound of what the unit's ops hold at once, received copies aside.
     """
-    graph = problem.graph
-    out = []
-    for ops in problem.units.members:
-        persistent = sum(graph.persistent_bytes[op] + graph.output_bytes[op] for op in ops)
-        out.append(persistent + max(graph.temp_bytes[op] for op in ops))
-    return out
+    return unit_memory(problem.graph, problem.units)
 
 
 def place_topo(problem: Problem) -> Assignment:
@@ -53,7 +50,8 @@ def place_topo(problem: Problem) -> Assignment:
         if not counted[unit]:
             counted[unit] = True
             if unit_device[unit] < 0:
-                unit_device[unit] = _choose(unit, need[unit], used, budget, share, current)
+                unit_device[unit] = _choose(unit, need[unit], used, budget, share, current,
+                                            problem.devices_for(unit))
                 current = max(current, unit_device[unit])
             used[unit_device[unit]] += need[unit]
         d = unit_device[unit]
@@ -63,12 +61,14 @@ def place_topo(problem: Problem) -> Assignment:
 
 
 def _choose(
-    unit: int, need: int, used: list[float], budget: list[float], share: float, current: int
+    unit: int, need: int, used: list[float], budget: list[float], share: float, current: int,
+    allowed: Sequence[int],
 ) -> int:
-    for d in range(current, len(budget)):
-        if used[d] + need <= min(share, budget[d]) or (used[d] == 0 and need <= budget[d]):
+    for d in allowed:
+        if d >= current and (
+                used[d] + need <= min(share, budget[d]) or (used[d] == 0 and need <= budget[d])):
             return d
-    roomiest = max(range(len(budget)), key=lambda d: budget[d] - used[d])
+    roomiest = max(allowed, key=lambda d: budget[d] - used[d])
     if used[roomiest] + need <= budget[roomiest] or math.isinf(budget[roomiest]):
         return roomiest
     raise InfeasiblePlacement(
