@@ -8,8 +8,7 @@
 ({'a': '/GPU:0'}, 3.0)
 """
 
-__version__ = "0.1.0"
-
+from baechi._version import __version__
 from baechi.api import place
 from baechi.cluster import Cluster, Device, Network, parse_size
 from baechi.errors import (
@@ -40,6 +39,7 @@ __all__ = [
     "PlacementError",
     "Plan",
     "Simulation",
+    "__version__",
     "load_graph",
     "parse_size",
     "place",

@@ -17,13 +17,13 @@ from typing import Any
 
 import orjson
 
-from baechi import __version__
+from baechi._version import __version__
 from baechi.algorithms import ALGORITHM_NAMES, DEFAULT_ALGORITHM
 from baechi.api import place
 from baechi.cluster import Cluster
 from baechi.errors import InvalidCluster, PlacementError
 from baechi.graph import load_graph
-from baechi.plan import Estimate, Plan
+from baechi.plan import Candidate, Estimate, Plan
 from baechi.simulate import simulate_plan
 
 #: Modules that add verbs (``register(subparsers)``); skipped when their extra is absent.
@@ -118,28 +118,31 @@ def summary(plan: Plan, estimate: Estimate, cluster: Cluster) -> str:
         f"algorithm      {plan.request.algorithm} on {len(cluster.devices)} devices "
         f"({net.latency_us:g} µs, {bandwidth} GB/s, {net.mode})",
     ]
-    nodes = plan.stats.get("nodes")
-    if nodes:
+    stats = plan.stats
+    if stats.nodes:
         lines.append("reduction      " + " -> ".join(
-            f"{n['nodes']} ({n['phase']})" if n.get("units", n["nodes"]) == n["nodes"]
-            else f"{n['nodes']} nodes in {n['units']} units ({n['phase']})" for n in nodes))
-    if plan.stats.get("chose_single"):
+            f"{n.nodes} ({n.phase})" if n.units == n.nodes
+            else f"{n.nodes} nodes in {n.units} units ({n.phase})" for n in stats.nodes))
+    if stats.chose_single and stats.algorithm_step_time_us is not None:
         lines.append(
             f"note           single device is faster than {plan.request.algorithm}'s plan "
-            f"({_ms(plan.stats['algorithm_step_time_us'])}): returning it"
+            f"({_ms(stats.algorithm_step_time_us)}): returning it"
         )
-    if plan.stats.get("portfolio_choice"):
-        times = plan.stats["portfolio_step_times_us"]
-        lines.append("portfolio      " + ", ".join(f"{k} {_ms(v)}" for k, v in times.items())
-                     + f": kept the {plan.stats['portfolio_choice']} plan")
-    if plan.stats.get("fallback"):
-        lines.append(f"note           {plan.stats['fallback']}")
-    if plan.stats.get("candidates"):
-        lines.append("candidates     " + ", ".join(
-            _candidate(c) for c in plan.stats["candidates"]))
-        chosen = plan.stats["chosen"]
-        lines.append(f"chosen         {_candidate({**chosen, 'step_time_us': None})}"
-                     + (", then local search" if chosen.get("local_search") else ""))
+    if stats.portfolio_choice and stats.portfolio_step_times_us:
+        lines.append("portfolio      " + ", ".join(
+            f"{k} {_ms(v)}" for k, v in stats.portfolio_step_times_us.items())
+            + f": kept the {stats.portfolio_choice} plan")
+    if stats.fallback:
+        lines.append(f"note           {stats.fallback}")
+    if stats.candidates:
+        lines.append("candidates     " + ", ".join(_candidate(c) for c in stats.candidates))
+    if stats.chosen is not None:
+        chosen = stats.chosen
+        lines.append(f"chosen         {_name(chosen.algorithm, chosen.pipeline)}"
+                     + (", then local search" if chosen.local_search else ""))
+    if stats.deadline_reached:
+        lines.append("note           the time limit was reached: this is the best plan found "
+                     "by then")
     lines += [
         f"step time      {_ms(e.step_time_us)}  (lower bound {_ms(e.lower_bound_us)}, "
         f"ratio {e.step_time_us / e.lower_bound_us if e.lower_bound_us else 1:.3f})",
@@ -153,19 +156,24 @@ def summary(plan: Plan, estimate: Estimate, cluster: Cluster) -> str:
         lines.append(f"  {device.name:<12} {_bytes(peak):>12} / {_bytes(device.memory_bytes)}"
                      + ("  OVER LIMIT" if over else ""))
     lines.append(f"transfers      {e.transfers} ({_bytes(e.transfer_bytes)})")
-    if "placement_seconds" in plan.stats:
-        lines.append(f"placement      {plan.stats['placement_seconds']:.3f} s")
+    if plan.stats.placement_seconds:
+        lines.append(f"placement      {plan.stats.placement_seconds:.3f} s")
     return "\n".join(lines)
 
 
-def _candidate(entry: dict[str, object]) -> str:
+def _name(algorithm: str, pipeline: bool) -> str:
+    """``m-etf/unreduced`` for a candidate placed without the pipeline."""
+    if algorithm in ("single", "local-search", "m-fill") or pipeline:
+        return algorithm
+    return f"{algorithm}/unreduced"
+
+
+def _candidate(entry: Candidate) -> str:
     """``m-etf/unreduced 139.1 ms`` for one entry of an ``auto`` plan's candidates."""
-    name = str(entry["algorithm"])
-    if entry["algorithm"] not in ("single", "local-search", "m-fill"):
-        name += "" if entry["pipeline"] else "/unreduced"
-    step = entry.get("step_time_us")
-    return name if step is None and "note" not in entry else (
-        f"{name} {_ms(float(step))}" if step is not None else f"{name} (no fit)")
+    name = _name(entry.algorithm, entry.pipeline)
+    if entry.step_time_us is None:
+        return f"{name} (no fit)"
+    return f"{name} {_ms(entry.step_time_us)}"
 
 
 def _write_plan(plan: Plan, path: str) -> None:

@@ -27,7 +27,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from baechi.algorithms.base import Assignment
 from baechi.cluster import Cluster
 from baechi.fusion import fuse
 from baechi.graph import Graph
@@ -43,7 +42,8 @@ class Reduction:
     ``node_of[op]`` is the op's node; both are ``None`` when the graph was not fused (the
     algorithm then places the original ops, in ``units``). ``nodes`` has one entry per phase
     run: ``{"phase", "nodes", "units"}`` — the nodes the algorithm would place and the units
-    they form after that phase.
+    they form after that phase. ``seconds`` holds the time of each step run (``grouping``,
+    ``co_placement``, ``fusion``).
     """
 
     original: Graph
@@ -53,16 +53,19 @@ class Reduction:
     nodes: list[dict[str, Any]] = field(default_factory=list)
     node_of: list[int] | None = None
     stats: dict[str, Any] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
 
-    def expand(self, assignment: Assignment) -> tuple[list[int], list[list[int]]]:
-        """Device per original op and order per device, from an assignment of the nodes.
+    def expand(
+        self, node_device: list[int], node_orders: list[list[int]]
+    ) -> tuple[list[int], list[list[int]]]:
+        """Device per original op and order per device, from a device per node and an order
+        of nodes per device (an algorithm's assignment of the reduced graph).
 
         Each node becomes its members in canonical order, in the node's place in its device's
         order (consistent whenever the assignment's orders are, see the module docstring).
         """
         if self.members is None:
-            return assignment.device_of, assignment.orders
-        node_device = assignment.device_of
+            return node_device, node_orders
         node_of = self.node_of
         if node_of is None:
             node_of = [0] * len(self.original)
@@ -71,7 +74,7 @@ class Reduction:
                     node_of[op] = node
         device_of = [node_device[node] for node in node_of]
         members = self.members
-        orders = [[op for node in order for op in members[node]] for order in assignment.orders]
+        orders = [[op for node in order for op in members[node]] for order in node_orders]
         return device_of, orders
 
 
@@ -92,9 +95,7 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def reduce_graph(
-    graph: Graph, cluster: Cluster, options: Options, phases: dict[str, float]
-) -> Reduction:
+def reduce_graph(graph: Graph, cluster: Cluster, options: Options) -> Reduction:
     """Run the pipeline's reduction steps that ``options`` switch on.
 
     Parameters
@@ -103,13 +104,12 @@ def reduce_graph(
         The validated graph and the devices (pins, memory limits for the merge cap).
     options
         ``forward_only``, ``co_placement`` and ``fusion`` switch their steps.
-    phases
-        Receives the seconds of each step run (``grouping``, ``co_placement``, ``fusion``).
 
     Returns
     -------
     Reduction
-        With ``nodes`` giving, for the input and each step run, the nodes to place and units.
+        With ``nodes`` giving, for the input and each step run, the nodes to place and units,
+        and ``seconds`` the time of each step.
 
     Examples
     --------
@@ -117,20 +117,19 @@ def reduce_graph(
     >>> g = load_graph({"format": "baechi.graph/v1",
     ...     "ops": [{"name": n, "compute_us": 1} for n in "abc"],
     ...     "edges": [{"src": "a", "dst": "b", "bytes": 1}, {"src": "b", "dst": "c", "bytes": 1}]})
-    >>> r = reduce_graph(g, Cluster.uniform(2), Options(), {})
+    >>> r = reduce_graph(g, Cluster.uniform(2), Options())
     >>> [(p["phase"], p["nodes"], p["units"]) for p in r.nodes]
     [('input', 3, 3), ('grouping', 3, 3), ('co_placement', 3, 1), ('fusion', 1, 1)]
-    >>> r.expand(Assignment([1], [[], [0]]))
+    >>> r.expand([1], [[], [0]])
     ([1, 1, 1], [[], [0, 1, 2]])
     """
     with _gc_paused():
-        return _reduce(graph, cluster, options, phases)
+        return _reduce(graph, cluster, options)
 
 
-def _reduce(
-    graph: Graph, cluster: Cluster, options: Options, phases: dict[str, float]
-) -> Reduction:
+def _reduce(graph: Graph, cluster: Cluster, options: Options) -> Reduction:
     n = len(graph)
+    phases: dict[str, float] = {}
     nodes: list[dict[str, Any]] = [{"phase": "input", "nodes": n, "units": n}]
     stats: dict[str, Any] = {}
 
@@ -148,7 +147,7 @@ def _reduce(
         stats["merge_cap_bytes"] = cap
 
     if not options.fusion:
-        return Reduction(graph, graph, units, None, nodes, None, stats)
+        return Reduction(graph, graph, units, None, nodes, None, stats, phases)
 
     tick = time.perf_counter()
     fusion = fuse(graph, cluster, units, cap=cap)
@@ -156,4 +155,4 @@ def _reduce(
     nodes.append({"phase": "fusion", "nodes": len(fusion.graph), "units": len(fusion.units)})
     stats["fusion"] = fusion.stats
     return Reduction(graph, fusion.graph, fusion.units, fusion.members, nodes, fusion.node_of,
-                     stats)
+                     stats, phases)

@@ -77,6 +77,83 @@ class Estimate(BaseModel):
         return data
 
 
+class ReductionStep(BaseModel):
+    """One step of the reduction pipeline: the nodes an algorithm would place after it, and
+    the units they form."""
+
+    phase: str
+    nodes: int
+    units: int
+
+
+class Candidate(BaseModel):
+    """One plan ``auto`` tried: which algorithm, with the pipeline or not, its replayed step
+    time (``None`` when it found no plan within memory) and the seconds it took.
+
+    Extra fields hold what a candidate adds (local search: ``improved``, ``moves_evaluated``).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    algorithm: str
+    pipeline: bool = False
+    step_time_us: float | None = None
+    seconds: float = 0.0
+    note: str = ""
+
+
+class Chosen(BaseModel):
+    """The candidate whose plan ``auto`` returned, and whether local search improved it."""
+
+    algorithm: str
+    pipeline: bool = False
+    local_search: bool = False
+
+
+class PlanStats(BaseModel):
+    """How a plan was made (the plan's ``stats``; DESIGN §5).
+
+    The fields every request fills are typed; algorithm-specific figures (m-SCT's LP sizes,
+    ``exact``'s ``optimal`` and ``bound_us``, m-ETF's ``memory_forced_ops``) are extra
+    fields, read as attributes or from :meth:`~pydantic.BaseModel.model_dump`.
+
+    Examples
+    --------
+    >>> stats = PlanStats(placement_seconds=0.5, lp_variables=12)
+    >>> stats.memory_retries, stats.lp_variables, stats.model_dump()["fallback"]
+    (0, 12, None)
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    #: Wall-clock seconds of the whole request.
+    placement_seconds: float = 0.0
+    #: Nodes the algorithm placed (after the reduction pipeline).
+    nodes_placed: int = 0
+    #: Seconds per phase (validate, grouping, co_placement, fusion, place, simulate, search).
+    phases: dict[str, float] = Field(default_factory=dict)
+    #: Nodes and units after each reduction step run.
+    nodes: list[ReductionStep] = Field(default_factory=list)
+    #: The reduction pipeline's own figures (merge cap, fusion counters).
+    reduction: dict[str, Any] = Field(default_factory=dict)
+    #: Times the placer ran again with tighter budgets because its plan overshot memory.
+    memory_retries: int = 0
+    #: Why another plan than the requested algorithm's was returned, when one was.
+    fallback: str | None = None
+    #: The single-device plan was returned because it was faster; the algorithm's step time.
+    chose_single: bool = False
+    algorithm_step_time_us: float | None = None
+    #: With ``options.portfolio``: step time of each variant tried, and the one kept.
+    portfolio_step_times_us: dict[str, float] | None = None
+    portfolio_choice: str | None = None
+    #: ``auto``: every candidate tried, in order, and the one returned.
+    candidates: list[Candidate] | None = None
+    chosen: Chosen | None = None
+    #: The request's deadline (``options.time_limit_s``) passed before the plan was final:
+    #: it is the best found by then.
+    deadline_reached: bool = False
+
+
 class Plan(BaseModel):
     """Device per op, order per device, and the simulator's estimate for that order."""
 
@@ -88,7 +165,7 @@ class Plan(BaseModel):
     placement: dict[str, str]
     order: dict[str, list[str]]
     estimate: Estimate | None = None
-    stats: dict[str, Any] = Field(default_factory=dict)
+    stats: PlanStats = Field(default_factory=PlanStats)
     engine: dict[str, Any] = Field(default_factory=dict)
 
     @classmethod

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from baechi import __version__
+from baechi._version import __version__
 from baechi.cluster import Cluster
 from baechi.graph import Graph, load_graph
 from baechi.plan import Plan
@@ -686,7 +686,7 @@ def _page(
     devices = cluster.devices
     net = cluster.network
     algorithm = plan.request.algorithm or "(unknown)"
-    seconds = plan.stats.get("placement_seconds")
+    seconds = plan.stats.placement_seconds or None
     step = est.step_time_us
     in_ms = step >= 10_000  # one unit for every duration on the page
 
@@ -714,7 +714,7 @@ def _page(
               "peak ≤ limit on every device" if est.memory_ok else "see the table",
               "memory_ok"),
         _card("algorithm", html.escape(algorithm),
-              "the single-device plan was faster" if plan.stats.get("chose_single") else "",
+              "the single-device plan was faster" if plan.stats.chose_single else "",
               "algorithm"),
         _card("placement",
               f"{seconds:,.3f} s" if isinstance(seconds, int | float) else "—",

@@ -40,11 +40,11 @@ def main() -> None:
                 seconds = []
                 for _ in range(args.runs):
                     plan = baechi.place(doc, CLUSTER, algorithm, options)
-                    seconds.append(plan.stats["placement_seconds"])
+                    seconds.append(plan.stats.placement_seconds)
                 e = plan.estimate
                 assert e is not None
                 print(f"| {doc['name']} | {len(doc['ops'])} | {algorithm} | "
-                      f"{'on' if pipeline else 'off'} | {plan.stats['nodes_placed']} | "
+                      f"{'on' if pipeline else 'off'} | {plan.stats.nodes_placed} | "
                       f"{statistics.median(seconds):.3f} | {e.step_time_us / 1000:.1f} | "
                       f"{e.single_device_us / 1000:.1f} | {e.lower_bound_us / 1000:.1f} |")
 

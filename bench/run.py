@@ -103,13 +103,13 @@ def run_graph(path: str, quick: bool) -> list[dict[str, Any]]:
                     assert e is not None
                     used = max(e.peak_memory_bytes.values())
                     row.update(
-                        status="ok", seconds=plan.stats["placement_seconds"],
-                        nodes=plan.stats["nodes_placed"], step_us=e.step_time_us,
+                        status="ok", seconds=plan.stats.placement_seconds,
+                        nodes=plan.stats.nodes_placed, step_us=e.step_time_us,
                         lower_bound_us=e.lower_bound_us, single_us=e.single_device_us,
                         ratio_lb=e.step_time_us / e.lower_bound_us if e.lower_bound_us else 1,
                         speedup=e.single_device_us / e.step_time_us if e.step_time_us else 1,
                         peak_over_limit=(used / memory) if memory else None,
-                        fallback=plan.stats.get("fallback", ""),
+                        fallback=plan.stats.fallback or "",
                     )
                     rows.append(row)
     return rows

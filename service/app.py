@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
-from baechi import __version__
+from baechi._version import __version__
 from baechi.algorithms import ALGORITHM_NAMES
 from baechi.plan import Plan
 

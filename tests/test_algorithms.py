@@ -102,7 +102,7 @@ def test_etf_schedule_is_the_simulators_in_parallel_mode(doc: dict, cluster: dic
                "network": {**cluster["network"], "mode": "parallel"}}
     options = {"allow_single": False, "co_placement": False, "fusion": False}
     plan = place(doc, cluster, "m-etf", options)
-    assert plan.stats["placer_step_time_us"] == pytest.approx(plan.estimate.step_time_us,
+    assert plan.stats.placer_step_time_us == pytest.approx(plan.estimate.step_time_us,
                                                               rel=1e-12)
 
 
@@ -185,11 +185,11 @@ def test_portfolio_keeps_the_fastest_candidate(doc: dict, cluster: dict) -> None
             plans.append(place(doc, cluster, algorithm, {"allow_single": False, **options}))
         except InfeasiblePlacement:
             return
-    if any("fallback" in p.stats for p in plans):
+    if any(p.stats.fallback for p in plans):
         return
     *candidates, portfolio = (p.estimate.step_time_us for p in plans)
     assert portfolio == min(candidates)
-    assert plans[-1].stats["portfolio_step_times_us"]["reduced"] == candidates[0]
+    assert plans[-1].stats.portfolio_step_times_us["reduced"] == candidates[0]
 
 
 def test_persistent_bytes_over_the_whole_cluster_fail_fast() -> None:
@@ -220,7 +220,7 @@ def test_fallback_chain_ends_with_m_fill_and_says_so(monkeypatch: pytest.MonkeyP
     doc = graph_doc([op(f"o{i}", 10, persistent_bytes=600) for i in range(3)],
                     [edge("o0", "o1", 10), edge("o1", "o2", 10)])
     plan = place(doc, two_devices(count=3, memory=1000), "all-on-0", {"allow_single": False})
-    assert "placed with m-fill" in plan.stats["fallback"]
+    assert "placed with m-fill" in plan.stats.fallback
     assert plan.estimate.memory_ok and len(set(plan.placement.values())) == 3
     with pytest.raises(InfeasiblePlacement, match="no fallback found one either"):
         # three 600-byte units, two 1000-byte devices: no bound catches it, no placer can

@@ -29,7 +29,7 @@ PIPEDREAM = sorted((SHARED / "graphs/pipedream").glob("*.json"))
 
 
 def _reduce(graph: Graph, cluster: Cluster, **options: bool) -> Reduction:
-    return reduce_graph(graph, cluster, Options(**options), {})
+    return reduce_graph(graph, cluster, Options(**options))
 
 
 def _random_assignment(reduction: Reduction, cluster: Cluster, seed: int) -> Assignment:
@@ -88,7 +88,8 @@ def _check_reduction(
     assert sorted(v for ms in units.members for v in ms) == list(range(len(reduced)))
     # expansion of any consistent assignment is a valid plan of the original graph
     for seed in range(3):
-        device_of, orders = reduction.expand(_random_assignment(reduction, cluster, seed))
+        assignment = _random_assignment(reduction, cluster, seed)
+        device_of, orders = reduction.expand(assignment.device_of, assignment.orders)
         assert sorted(op for order in orders for op in order) == list(range(len(graph)))
         assert all(device_of[op] == d for d, order in enumerate(orders) for op in order)
         check_orders(graph, orders)
@@ -107,11 +108,10 @@ def test_nodes_and_units_after_each_phase() -> None:
         [edge("a", "b"), edge("b", "w"), edge("w", "r"), edge("r", "x"), edge("r", "y"),
          edge("x", "z"), edge("y", "z")],
     ))
-    phases: dict[str, float] = {}
-    r = reduce_graph(g, Cluster.uniform(2), Options(), phases)
+    r = reduce_graph(g, Cluster.uniform(2), Options())
     assert [(p["phase"], p["nodes"], p["units"]) for p in r.nodes] == [
         ("input", 7, 7), ("grouping", 7, 6), ("co_placement", 7, 2), ("fusion", 2, 2)]
-    assert set(phases) == {"grouping", "co_placement", "fusion"}
+    assert set(r.seconds) == {"grouping", "co_placement", "fusion"}
     assert [[g.names[o] for o in ms] for ms in r.members] == [  # type: ignore[union-attr]
         ["a", "b", "w", "r"], ["x", "y", "z"]]
 
@@ -151,8 +151,7 @@ def test_each_option_switches_its_step_off() -> None:
 def test_expand_without_fusion_is_the_identity() -> None:
     g = load_graph(graph_doc([op("a"), op("b")], [edge("a", "b")]))
     r = _reduce(g, Cluster.uniform(2), fusion=False)
-    assignment = Assignment([1, 0], [[1], [0]])
-    assert r.expand(assignment) == ([1, 0], [[1], [0]])
+    assert r.expand([1, 0], [[1], [0]]) == ([1, 0], [[1], [0]])
 
 
 # ---------------------------------------------------------------------------- fusion
@@ -282,7 +281,7 @@ def test_pipeline_invariants_on_random_dags(
     cluster = Cluster.uniform(devices, memory_bytes=limit)
     options = Options(co_placement=bool(switches & 1), fusion=bool(switches & 2),
                       forward_only=bool(switches & 4))
-    reduction = reduce_graph(graph, cluster, options, {})
+    reduction = reduce_graph(graph, cluster, options)
     _check_reduction(graph, cluster, reduction, options.forward_only)
     # a tiny search budget falls back to the cheap rules and must stay acyclic too
     f = fuse(graph, cluster, colocation_units(graph, cluster), max_visits=budget)
@@ -299,7 +298,7 @@ def test_fusion_never_hides_memory_on_one_device(graph: Graph) -> None:
         return
     reduced = reduction.graph
     reduced_peak = trace(reduced, cluster, [0] * len(reduced), [reduced.topo])[3][0].peak
-    device_of, orders = reduction.expand(Assignment([0] * len(reduced), [reduced.topo]))
+    device_of, orders = reduction.expand([0] * len(reduced), [reduced.topo])
     assert trace(graph, cluster, device_of, orders)[3][0].peak <= reduced_peak
 
 
@@ -325,7 +324,7 @@ def test_place_end_to_end_names_every_op(algorithm: str) -> None:
     assert sorted(n for order in plan.order.values() for n in order) == sorted(g.names)
     assert plan.placement["g1"] == plan.placement["m1"] == plan.placement["w1"]
     assert plan.placement["g2"] == plan.placement["m2"]
-    phases = [p["phase"] for p in plan.stats["nodes"]]
+    phases = [p.phase for p in plan.stats.nodes]
     assert phases[0] == "input"
     assert baechi.simulate(g, plan).step_time_us == pytest.approx(plan.estimate.step_time_us)
 

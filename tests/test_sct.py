@@ -47,14 +47,14 @@ def test_chain_stays_on_one_device_under_sct() -> None:
     plan = place(doc, {"devices": {"count": 4}, "network": {"latency_us": 50}}, "m-sct",
                  {"allow_single": False, "co_placement": False, "fusion": False})
     assert len(set(plan.placement.values())) == 1
-    assert plan.stats["favourite_children"] == 3
+    assert plan.stats.favourite_children == 3
 
 
 def test_lp_timeout_falls_back_to_etf_and_says_so() -> None:
     doc = json.loads((DATA / "graphs" / "stg50_rand0000.json").read_text())
     plan = place(doc, {"devices": {"count": 4}}, "m-sct",
                  {"allow_single": False, "time_limit_s": 1e-9})
-    assert "placed with m-etf" in plan.stats["fallback"]
+    assert "placed with m-etf" in plan.stats.fallback
 
 
 def _stg_cases() -> list[tuple[str, int, float]]:

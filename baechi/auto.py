@@ -1,0 +1,231 @@
+"""``auto``: the best plan of a portfolio found before the request's deadline (anytime).
+
+How it decides, in order (each step replayed by the simulator; the fastest plan within memory
+wins, so ``auto`` is never slower than any candidate it ran):
+
+1. The candidates of :data:`PORTFOLIO`, cheapest first: m-ETF with the reduction pipeline
+   (the first plan, as fast as m-ETF alone), m-ETF on the unreduced graph (the pipeline fuses
+   away the parallelism of small graphs), m-TOPO both ways, m-SCT both ways (graphs up to
+   :data:`SCT_MAX_OPS` ops: its LP grows super-linearly), m-fill (memory first), and
+   ``exact`` (CP-SAT) on graphs the pipeline reduces to :data:`EXACT_MAX_NODES` nodes or
+   fewer, hinted with the best plan found so far on the same reduction. A candidate whose
+   algorithm is not registered (:data:`baechi.algorithms.ALGORITHMS`) is skipped.
+2. The single-device plan, when the whole graph fits on one device.
+3. Local search (:func:`baechi.search.improve`) from the best plan, on the unreduced graph's
+   units, in slices until :data:`SEARCH_PATIENCE` slices in a row gain less than
+   :data:`SEARCH_MIN_GAIN`, or the deadline.
+
+It stops early when a plan reaches the lower bound or ``exact`` proves one optimal. After the
+deadline no candidate starts, except m-fill while no plan was found yet (it is linear and the
+one most likely to fit). The deadline is ``options.time_limit_s`` after the request started.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from baechi.algorithms import ALGORITHMS
+from baechi.algorithms.base import Problem
+from baechi.errors import InfeasiblePlacement
+from baechi.placing import Request, Run, add_seconds, run_algorithm, single_plan, unreduced
+from baechi.plan import Candidate, Chosen
+from baechi.search import improve
+from baechi.simulate import Simulation
+
+#: ``auto`` runs m-SCT only on graphs up to this many ops: its LP grows super-linearly
+#: (26 s on 30k ops with GLOP) and on the shared graphs it never beat m-ETF by much.
+SCT_MAX_OPS = 5000
+
+#: ``auto`` runs ``exact`` only on reduced graphs of at most this many nodes.
+EXACT_MAX_NODES = 300
+
+#: Local search runs in slices of at least this many seconds (more for large graphs,
+#: :data:`SEARCH_SLICE_S_PER_OP`); it stops after :data:`SEARCH_PATIENCE` slices in a row
+#: that improved the step time by less than :data:`SEARCH_MIN_GAIN`, or at the deadline.
+SEARCH_SLICE_S = 0.1
+
+#: Seconds of local search per op in one slice (10k ops: 1 s).
+SEARCH_SLICE_S_PER_OP = 1e-4
+
+#: Relative gain below which a slice of local search counts as stagnant.
+SEARCH_MIN_GAIN = 1e-3
+
+#: Local search stops after this many stagnant slices in a row.
+SEARCH_PATIENCE = 2
+
+#: A step time within this relative distance of the lower bound is optimal.
+OPTIMAL_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One candidate of the portfolio: an algorithm, with the reduction pipeline or not.
+
+    ``max_ops`` skips it on larger graphs; ``max_nodes`` skips it when the pipeline leaves
+    more nodes than that (known from an earlier candidate on the same reduction);
+    ``hinted`` gives the algorithm the best plan so far on the same reduction as a warm start
+    (``Problem.hint``); ``last_resort`` lets it start after the deadline while no plan was
+    found.
+    """
+
+    algorithm: str
+    pipeline: bool
+    max_ops: int | None = None
+    max_nodes: int | None = None
+    hinted: bool = False
+    last_resort: bool = False
+
+
+#: The candidates, in the order they run.
+PORTFOLIO: tuple[Entry, ...] = (
+    Entry("m-etf", True),
+    Entry("m-etf", False),
+    Entry("m-topo", True),
+    Entry("m-topo", False),
+    Entry("m-sct", True, max_ops=SCT_MAX_OPS),
+    Entry("m-sct", False, max_ops=SCT_MAX_OPS),
+    Entry("m-fill", False, last_resort=True),
+    Entry("exact", True, max_nodes=EXACT_MAX_NODES, hinted=True),
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The plan ``auto`` returns and how it got there (see :class:`~baechi.plan.PlanStats`)."""
+
+    run: Run
+    simulation: Simulation
+    candidates: list[Candidate]
+    chosen: Chosen
+    seconds: dict[str, float]
+    deadline_reached: bool
+
+
+def place_auto(request: Request) -> Outcome:
+    """Run the portfolio on ``request`` (see the module docstring).
+
+    Raises
+    ------
+    InfeasiblePlacement
+        No candidate found a plan within memory (the first candidate's reason, noted).
+    """
+    report = request.progress
+    graph = request.graph
+    candidates: list[Candidate] = []
+    runs: list[Run] = []
+    best: Run | None = None
+    seconds: dict[str, float] = {}
+    deadline_reached = False
+    entries = [e for e in PORTFOLIO if e.algorithm in ALGORITHMS
+               and (e.max_ops is None or len(graph) <= e.max_ops)]
+    for i, entry in enumerate(entries):
+        if request.expired() and (best is not None or not entry.last_resort):
+            deadline_reached = True
+            continue
+        if best is not None and _optimal(best):
+            break
+        report("auto", i / (len(entries) + 2))
+        tick = time.perf_counter()
+        run = _run_entry(request, entry, runs)
+        if run is None:
+            continue
+        runs.append(run)
+        seconds = add_seconds(seconds, run.seconds)
+        candidates.append(Candidate(
+            algorithm=entry.algorithm, pipeline=run.pipeline, step_time_us=run.step_time_us,
+            seconds=time.perf_counter() - tick,
+            note="" if run.error is None else "no plan within memory"))
+        if run.simulation is not None and (best is None or _faster(run, best)):
+            best = run
+    single = single_plan(request)
+    if single is not None:
+        candidates.append(Candidate(algorithm="single", step_time_us=single.estimate.step_time_us))
+        if best is None or single.estimate.step_time_us < best.simulation.estimate.step_time_us:
+            best = Run("single", request.options.without_pipeline(), unreduced(request), single)
+    if best is None:
+        error = next(r.error for r in runs if r.error is not None)
+        message = f"{error.message} (no algorithm of the portfolio found one)"
+        raise InfeasiblePlacement(message, error.details)
+    assert best.simulation is not None
+    chosen = Chosen(algorithm=best.algorithm, pipeline=best.pipeline)
+    simulation = best.simulation
+    if not _optimal(best):
+        simulation, search = _search(request, simulation)
+        if search is not None:
+            candidates.append(search)
+            seconds = add_seconds(seconds, {"search": search.seconds})
+            if simulation is not best.simulation:
+                chosen = chosen.model_copy(update={"local_search": True})
+            deadline_reached = deadline_reached or request.expired()
+    return Outcome(best, simulation, candidates, chosen, seconds, deadline_reached)
+
+
+def _run_entry(request: Request, entry: Entry, runs: list[Run]) -> Run | None:
+    """Run one entry; ``None`` when it does not apply (too many nodes after reduction)."""
+    options = request.options if entry.pipeline else request.options.without_pipeline()
+    same = [r for r in runs if r.pipeline == entry.pipeline and r.reduction is not None]
+    if entry.max_nodes is not None and same and len(same[0].reduction.graph) > entry.max_nodes:
+        return None
+    hint = None
+    if entry.hinted and "hint" in Problem.__dataclass_fields__:
+        fitting = [r for r in same if r.simulation is not None and r.assignment is not None]
+        if fitting:
+            hint = min(fitting, key=lambda r: r.simulation.estimate.step_time_us).assignment
+    return run_algorithm(request, entry.algorithm, options, hint=hint)
+
+
+def _faster(run: Run, best: Run) -> bool:
+    assert run.simulation is not None and best.simulation is not None
+    return run.simulation.estimate.step_time_us < best.simulation.estimate.step_time_us
+
+
+def _optimal(run: Run) -> bool:
+    """Whether ``run``'s plan is proven optimal: the solver says so, or it meets the bound."""
+    assert run.simulation is not None
+    estimate = run.simulation.estimate
+    return bool(run.algorithm_stats.get("optimal")) or (
+        estimate.step_time_us <= estimate.lower_bound_us * (1 + OPTIMAL_TOLERANCE))
+
+
+def _search(request: Request, simulation: Simulation) -> tuple[Simulation, Candidate | None]:
+    """Local search from ``simulation``'s plan in slices (see the module docstring)."""
+    graph, cluster = request.graph, request.cluster
+    if len(cluster.devices) < 2 or request.expired():
+        return simulation, None
+    tick = time.perf_counter()
+    device_of, orders = simulation.device_of, simulation.orders
+    start_us = step_us = simulation.estimate.step_time_us
+    slice_s = max(SEARCH_SLICE_S, SEARCH_SLICE_S_PER_OP * len(graph))
+    evaluated = 0
+    seed = 0
+    stagnant = 0
+    while not request.expired() and stagnant < SEARCH_PATIENCE:
+        request.progress("search", 1 - step_us / start_us if start_us > 0 else 1.0)
+        device_of, orders, found = improve(
+            graph, cluster, device_of, orders, units=request.units, seed=seed,
+            deadline=min(request.deadline, time.perf_counter() + slice_s), cost=request.cost)
+        seed += 1
+        evaluated += found.moves_evaluated
+        gain = 1 - found.step_us / step_us if step_us > 0 else 0.0
+        step_us = found.step_us
+        if found.note:
+            break
+        stagnant = stagnant + 1 if gain < SEARCH_MIN_GAIN else 0
+    improved = step_us < start_us
+    candidate = Candidate(algorithm="local-search", step_time_us=step_us,
+                          seconds=time.perf_counter() - tick, improved=improved,
+                          moves_evaluated=evaluated)
+    if not improved:
+        return simulation, candidate
+    return request.replay(device_of, orders), candidate
+
+
+def candidate_fields(outcome: Outcome) -> dict[str, Any]:
+    """The plan-stats fields of an ``auto`` outcome."""
+    return {"candidates": outcome.candidates, "chosen": outcome.chosen,
+            "deadline_reached": outcome.deadline_reached}
+
+
+__all__ = ["EXACT_MAX_NODES", "PORTFOLIO", "SCT_MAX_OPS", "Entry", "Outcome", "place_auto"]

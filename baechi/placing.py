@@ -1,0 +1,229 @@
+"""One run of one algorithm on one request: reduce, place, expand, replay (DESIGN §6).
+
+A :class:`Request` holds what depends only on the graph, the cluster and the options: the
+request's :class:`~baechi.costmodel.CostModel` (built once, passed to every replay), the
+colocation units, the progress callback and the deadline. :func:`run_algorithm` places with
+one algorithm and returns a :class:`Run`; when the plan's simulated peak exceeds a device's
+memory the placer runs again on a copy of the problem with that device's budget lowered (a
+few times, never after the deadline). Nothing is mutated for the caller: each run returns its
+plan, its figures and its seconds per phase.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from baechi.algorithms import get_algorithm
+from baechi.algorithms.base import Assignment, Problem, Progress
+from baechi.cluster import Cluster
+from baechi.costmodel import CostModel
+from baechi.errors import InfeasiblePlacement
+from baechi.graph import Graph
+from baechi.grouping import Units, colocation_units
+from baechi.options import Options
+from baechi.pipeline import Reduction, reduce_graph
+from baechi.simulate import Simulation, replay, single_device_run
+
+#: How many times the placer is re-run with tighter budgets after a plan overshoots memory.
+MEMORY_RETRIES = 4
+
+#: The shortest time limit a placer is given, even when the deadline has passed (s): a solver
+#: then stops at once with the best it has.
+MIN_TIME_LIMIT_S = 0.01
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one ``place`` call computes once and every run shares.
+
+    ``deadline`` is a :func:`time.perf_counter` value: ``started + options.time_limit_s``.
+    """
+
+    graph: Graph
+    cluster: Cluster
+    options: Options
+    cost: CostModel
+    units: Units
+    deadline: float
+    progress: Progress
+
+    @classmethod
+    def of(cls, graph: Graph, cluster: Cluster, options: Options, started: float,
+           progress: Progress) -> Request:
+        return cls(graph, cluster, options, CostModel(graph, cluster),
+                   colocation_units(graph, cluster, options.forward_only),
+                   started + options.time_limit_s, progress)
+
+    def seconds_left(self) -> float:
+        """Seconds until the deadline (negative once it has passed)."""
+        return self.deadline - time.perf_counter()
+
+    def expired(self) -> bool:
+        """Whether the deadline has passed."""
+        return time.perf_counter() >= self.deadline
+
+    def replay(self, device_of: list[int], orders: list[list[int]]) -> Simulation:
+        """The simulator's replay of a plan of this request's graph (the judge)."""
+        return replay(self.graph, self.cluster, device_of, orders, self.cost)
+
+
+@dataclass(frozen=True)
+class Run:
+    """What one run of an algorithm gave: a plan within memory (``simulation``) or the
+    reason there is none (``error``), and the seconds per phase it spent either way."""
+
+    algorithm: str
+    options: Options
+    reduction: Reduction | None
+    simulation: Simulation | None = None
+    error: InfeasiblePlacement | None = None
+    memory_retries: int = 0
+    #: The algorithm's own figures (``Assignment.stats``).
+    algorithm_stats: dict[str, Any] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    #: The algorithm's assignment of the reduced graph (a warm start for solvers).
+    assignment: Assignment | None = None
+
+    @property
+    def pipeline(self) -> bool:
+        """Whether the reduction pipeline ran (co-placement or fusion)."""
+        return self.options.co_placement or self.options.fusion
+
+    @property
+    def step_time_us(self) -> float | None:
+        """The plan's replayed step time, ``None`` without a plan."""
+        return None if self.simulation is None else self.simulation.estimate.step_time_us
+
+
+def add_seconds(total: dict[str, float], more: dict[str, float]) -> dict[str, float]:
+    """``total`` with ``more``'s seconds added phase by phase (a new dict)."""
+    merged = dict(total)
+    for phase, seconds in more.items():
+        merged[phase] = merged.get(phase, 0.0) + seconds
+    return merged
+
+
+def run_algorithm(
+    request: Request, algorithm: str, options: Options, hint: Assignment | None = None
+) -> Run:
+    """Reduce, place with ``algorithm``, expand and replay; re-place with tighter budgets
+    while the plan overshoots memory (at most :data:`MEMORY_RETRIES` times, none started
+    after the deadline). The placer's time limit is what is left until the deadline.
+
+    ``hint`` (an assignment of the same reduction) is passed as ``Problem.hint``.
+
+    Returns a :class:`Run` whose ``simulation`` fits every device, or whose ``error`` says
+    by how much the last plan did not.
+    """
+    graph, cluster = request.graph, request.cluster
+    reduction = reduce_graph(graph, cluster, options)
+    seconds = dict(reduction.seconds)
+    extra: dict[str, Any] = {} if hint is None else {"hint": hint}
+    problem = Problem.of(
+        reduction.graph, cluster, reduction.units,
+        time_limit_s=_time_limit(request, options), progress=request.progress, **extra,
+    )
+    place_fn = get_algorithm(algorithm)
+    for attempt in range(MEMORY_RETRIES + 1):
+        tick = time.perf_counter()
+        try:
+            assignment = place_fn(problem)
+        except InfeasiblePlacement as exc:
+            seconds["place"] = seconds.get("place", 0.0) + time.perf_counter() - tick
+            return Run(algorithm, options, reduction, None, exc, attempt, {}, seconds)
+        seconds["place"] = seconds.get("place", 0.0) + time.perf_counter() - tick
+        tick = time.perf_counter()
+        device_of, orders = reduction.expand(assignment.device_of, assignment.orders)
+        simulation = request.replay(device_of, orders)
+        seconds["simulate"] = seconds.get("simulate", 0.0) + time.perf_counter() - tick
+        over = overshoot(simulation, cluster)
+        if not over:
+            return Run(algorithm, options, reduction, simulation, None, attempt,
+                       dict(assignment.stats), seconds, assignment)
+        if attempt == MEMORY_RETRIES or request.expired():
+            return Run(algorithm, options, reduction, None,
+                       over_limit_error(request, simulation, over, algorithm), attempt,
+                       dict(assignment.stats), seconds)
+        budget = list(problem.budget)
+        for d, excess in over.items():
+            # the placer's memory model can be off by more than the overshoot it was told
+            limit = cluster.devices[d].memory_bytes or 0
+            budget[d] -= max(excess * 1.05, 0.02 * limit)
+        problem = dataclasses.replace(problem, budget=budget,
+                                      time_limit_s=_time_limit(request, options))
+        request.progress("place", 0.0)
+    raise AssertionError("unreachable")
+
+
+def _time_limit(request: Request, options: Options) -> float:
+    """A placer's time limit: what is left until the deadline, at least
+    :data:`MIN_TIME_LIMIT_S`, at most the options' own limit."""
+    return min(options.time_limit_s, max(MIN_TIME_LIMIT_S, request.seconds_left()))
+
+
+def single_plan(request: Request) -> Simulation | None:
+    """The single-device plan's replay, or ``None`` when it does not fit."""
+    problem = Problem.of(request.graph, request.cluster, request.units)
+    try:
+        single = get_algorithm("single")(problem)
+    except InfeasiblePlacement:
+        return None
+    candidate = request.replay(single.device_of, single.orders)
+    return candidate if candidate.estimate.memory_ok else None
+
+
+def unreduced(request: Request) -> Reduction:
+    """The reduction that keeps every op (for plans made on the graph itself)."""
+    return reduce_graph(request.graph, request.cluster, request.options.without_pipeline())
+
+
+def overshoot(simulation: Simulation, cluster: Cluster) -> dict[int, int]:
+    """Device index → bytes over its limit, for devices whose simulated peak exceeds it."""
+    over = {}
+    for d, device in enumerate(cluster.devices):
+        peak = simulation.memory[d].peak
+        if device.memory_bytes is not None and peak > device.memory_bytes:
+            over[d] = peak - device.memory_bytes
+    return over
+
+
+def graph_needs(graph: Graph, cluster: Cluster) -> dict[str, int]:
+    """What the whole graph needs: its single-device peak and its persistent bytes."""
+    peak = single_device_run(graph, cluster)[1]
+    return {"graph_needs_bytes": peak, "graph_persistent_bytes": sum(graph.persistent_bytes)}
+
+
+def over_limit_error(
+    request: Request, simulation: Simulation, over: dict[int, int], algorithm: str
+) -> InfeasiblePlacement:
+    """The error of a run whose best plan still overshoots ``over`` (device → bytes)."""
+    graph, cluster = request.graph, request.cluster
+    d, excess = max(over.items(), key=lambda item: item[1])
+    device = cluster.devices[d]
+    needs = graph_needs(graph, cluster)
+    total = sum(dev.memory_bytes or 0 for dev in cluster.devices)
+    return InfeasiblePlacement(
+        f"{algorithm}: no plan within memory found; the best one needs "
+        f"{simulation.memory[d].peak} bytes on {device.name!r} ({excess} over its "
+        f"{device.memory_bytes}); the whole graph needs {needs['graph_needs_bytes']} bytes on "
+        f"one device ({needs['graph_persistent_bytes']} of them persistent), the cluster has "
+        f"{total} in all",
+        {"device": device.name, "missing_bytes": excess, **needs},
+    )
+
+
+__all__ = [
+    "MEMORY_RETRIES",
+    "Request",
+    "Run",
+    "add_seconds",
+    "graph_needs",
+    "over_limit_error",
+    "overshoot",
+    "run_algorithm",
+    "single_plan",
+    "unreduced",
+]
