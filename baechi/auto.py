@@ -7,8 +7,10 @@ wins, so ``auto`` is never slower than any candidate it ran):
    (the first plan, as fast as m-ETF alone), m-ETF on the unreduced graph (the pipeline fuses
    away the parallelism of small graphs), m-TOPO both ways, m-SCT both ways (graphs up to
    :data:`SCT_MAX_OPS` ops: its LP grows super-linearly), m-fill (memory first), and
-   ``exact`` (CP-SAT) on graphs the pipeline reduces to :data:`EXACT_MAX_NODES` nodes or
-   fewer, hinted with the best plan found so far on the same reduction. A candidate whose
+   ``exact`` (CP-SAT, at most :data:`EXACT_MAX_S` seconds): on the graph itself when it has
+   at most :data:`~baechi.algorithms.exact.EXACT_MAX_OPS` ops, hinted with the best plan so
+   far; else on graphs the pipeline reduces to :data:`EXACT_MAX_NODES` nodes or fewer,
+   hinted with the best plan found so far on the same reduction. A candidate whose
    algorithm is not registered (:data:`baechi.algorithms.ALGORITHMS`) is skipped.
 2. The single-device plan, when the whole graph fits on one device.
 3. Local search (:func:`baechi.search.improve`) from the best plan, on the unreduced graph's
@@ -27,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from baechi.algorithms import ALGORITHMS
-from baechi.algorithms.base import Problem
+from baechi.algorithms.base import Assignment
+from baechi.algorithms.exact import EXACT_MAX_OPS
 from baechi.errors import InfeasiblePlacement
 from baechi.placing import Request, Run, add_seconds, run_algorithm, single_plan, unreduced
 from baechi.plan import Candidate, Chosen
@@ -38,8 +41,15 @@ from baechi.simulate import Simulation
 #: (26 s on 30k ops with GLOP) and on the shared graphs it never beat m-ETF by much.
 SCT_MAX_OPS = 5000
 
-#: ``auto`` runs ``exact`` only on reduced graphs of at most this many nodes.
+#: ``auto`` runs ``exact`` on the graph itself when it has at most
+#: :data:`~baechi.algorithms.exact.EXACT_MAX_OPS` ops (a proof then holds for the request),
+#: else on the reduced graph when that has at most this many nodes.
 EXACT_MAX_NODES = 300
+
+#: Seconds ``exact`` may take in ``auto`` at most (it stops earlier when it proves the
+#: optimum): on the STG graphs (50–100 ops, 4 devices) it proves most within this, and the
+#: time left goes to local search.
+EXACT_MAX_S = 10.0
 
 #: Local search runs in slices of at least this many seconds (more for large graphs,
 #: :data:`SEARCH_SLICE_S_PER_OP`); it stops after :data:`SEARCH_PATIENCE` slices in a row
@@ -63,8 +73,10 @@ OPTIMAL_TOLERANCE = 1e-9
 class Entry:
     """One candidate of the portfolio: an algorithm, with the reduction pipeline or not.
 
-    ``max_ops`` skips it on larger graphs; ``max_nodes`` skips it when the pipeline leaves
-    more nodes than that (known from an earlier candidate on the same reduction);
+    ``min_ops``/``max_ops`` skip it on smaller/larger graphs; ``max_seconds`` caps its
+    time limit (the rest of the budget goes to the candidates after it); ``max_nodes``
+    skips it when the pipeline leaves more nodes than that (known from an earlier candidate
+    on the same reduction);
     ``hinted`` gives the algorithm the best plan so far on the same reduction as a warm start
     (``Problem.hint``); ``last_resort`` lets it start after the deadline while no plan was
     found.
@@ -72,7 +84,9 @@ class Entry:
 
     algorithm: str
     pipeline: bool
+    min_ops: int = 0
     max_ops: int | None = None
+    max_seconds: float | None = None
     max_nodes: int | None = None
     hinted: bool = False
     last_resort: bool = False
@@ -87,7 +101,9 @@ PORTFOLIO: tuple[Entry, ...] = (
     Entry("m-sct", True, max_ops=SCT_MAX_OPS),
     Entry("m-sct", False, max_ops=SCT_MAX_OPS),
     Entry("m-fill", False, last_resort=True),
-    Entry("exact", True, max_nodes=EXACT_MAX_NODES, hinted=True),
+    Entry("exact", False, max_ops=EXACT_MAX_OPS, max_seconds=EXACT_MAX_S, hinted=True),
+    Entry("exact", True, min_ops=EXACT_MAX_OPS + 1, max_nodes=EXACT_MAX_NODES,
+          max_seconds=EXACT_MAX_S, hinted=True),
 )
 
 
@@ -118,7 +134,7 @@ def place_auto(request: Request) -> Outcome:
     best: Run | None = None
     seconds: dict[str, float] = {}
     deadline_reached = False
-    entries = [e for e in PORTFOLIO if e.algorithm in ALGORITHMS
+    entries = [e for e in PORTFOLIO if e.algorithm in ALGORITHMS and len(graph) >= e.min_ops
                and (e.max_ops is None or len(graph) <= e.max_ops)]
     for i, entry in enumerate(entries):
         if request.expired() and (best is not None or not entry.last_resort):
@@ -165,11 +181,19 @@ def place_auto(request: Request) -> Outcome:
 def _run_entry(request: Request, entry: Entry, runs: list[Run]) -> Run | None:
     """Run one entry; ``None`` when it does not apply (too many nodes after reduction)."""
     options = request.options if entry.pipeline else request.options.without_pipeline()
+    if entry.max_seconds is not None and entry.max_seconds < options.time_limit_s:
+        options = options.model_copy(update={"time_limit_s": entry.max_seconds})
     same = [r for r in runs if r.pipeline == entry.pipeline and r.reduction is not None]
     if entry.max_nodes is not None and same and len(same[0].reduction.graph) > entry.max_nodes:
         return None
     hint = None
-    if entry.hinted and "hint" in Problem.__dataclass_fields__:
+    if entry.hinted and not entry.pipeline:
+        # every plan so far is a plan of the unreduced graph: start from the best of them
+        fitting = [r.simulation for r in runs if r.simulation is not None]
+        if fitting:
+            best = min(fitting, key=lambda s: s.estimate.step_time_us)
+            hint = Assignment(best.device_of, best.orders)
+    elif entry.hinted:
         fitting = [r for r in same if r.simulation is not None and r.assignment is not None]
         if fitting:
             hint = min(fitting, key=lambda r: r.simulation.estimate.step_time_us).assignment

@@ -142,7 +142,7 @@ def run_algorithm(
         over = overshoot(simulation, cluster)
         if not over:
             return Run(algorithm, options, reduction, simulation, None, attempt,
-                       dict(assignment.stats), seconds, assignment)
+                       for_the_request(assignment.stats, reduction), seconds, assignment)
         if attempt == MEMORY_RETRIES or request.expired():
             return Run(algorithm, options, reduction, None,
                        over_limit_error(request, simulation, over, algorithm), attempt,
@@ -156,6 +156,22 @@ def run_algorithm(
                                       time_limit_s=_time_limit(request, options))
         request.progress("place", 0.0)
     raise AssertionError("unreachable")
+
+
+def for_the_request(algorithm_stats: dict[str, Any], reduction: Reduction) -> dict[str, Any]:
+    """An algorithm's figures as they hold for the request: an optimum proved on a reduced
+    graph whose units are coarser than grouping alone makes them (co-placement or fusion
+    merged some) is not one for the request, and its bound is not a bound of every plan."""
+    units = {entry["phase"]: entry.get("units", entry["nodes"]) for entry in reduction.nodes}
+    stats = dict(algorithm_stats)
+    if "optimal" not in stats or units.get("grouping") == min(units.values(), default=0):
+        return stats
+    stats["optimal"] = False
+    stats["optimal_note"] = ("proved for the reduced graph only (co-placement/fusion merged "
+                             "units); place with the pipeline off for a proof on every op")
+    if "bound_us" in stats:
+        stats["reduced_bound_us"] = stats.pop("bound_us")
+    return stats
 
 
 def _time_limit(request: Request, options: Options) -> float:
