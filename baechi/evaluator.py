@@ -7,8 +7,9 @@ rules (DESIGN §4, :mod:`baechi.simulate`) and returns the same step time and me
 - what depends only on the graph and cluster is computed once: adjacency as flat lists, each
   message's cache identity as a small integer, transfer times memoised per (edge, link);
 - a *bound* stops a replay as soon as the plan provably cannot beat it: an op ending at ``e``
-  with a chain of successors that takes at least ``tail[op]`` on the fastest devices means the
-  step ends no earlier than ``e + tail[op]``;
+  with a chain of successors that takes at least ``tail[op]`` on the fastest devices, or with
+  ops after it on its device that take ``w`` in all, means the step ends no earlier than
+  ``e + max(tail[op], w)``;
 - *checkpoints*: a replay of a base plan keeps snapshots of its state; a candidate that
   differs from the base only from some instant on (a moved unit, a reordered device) resumes
   from the last snapshot before that instant instead of replaying from time zero;
@@ -33,6 +34,7 @@ Examples
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -135,6 +137,7 @@ class PlanEvaluator:
         self._message_ids: dict[Any, int] = {}
         self._duration: list[float] = [-1.0] * (m * self.n_dev * self.n_dev)
         self.tail = self._tails()
+        self._remaining: dict[int, tuple[list[int], list[float]]] = {}
 
     # ------------------------------------------------------------------ precomputation
     def _tails(self) -> list[float]:
@@ -155,6 +158,22 @@ class PlanEvaluator:
                     best = t
             tail[op] = best
         return tail
+
+    def remaining(self, d: int, order: list[int]) -> list[float]:
+        """``remaining[i]``: the compute time of the ops after ``order[i]`` on device ``d``
+        (memoised per order list: candidates share the lists of devices they leave alone)."""
+        cached = self._remaining.get(id(order))
+        if cached is not None and cached[0] is order:
+            return cached[1]
+        us = self.op_us[d]
+        suffix = list(itertools.accumulate([us[op] for op in reversed(order)]))
+        suffix.reverse()
+        suffix.append(0.0)
+        rest = suffix[1:]
+        if len(self._remaining) > 4096:
+            self._remaining.clear()
+        self._remaining[id(order)] = (order, rest)
+        return rest
 
     def message(self, edge: int, dst_device: int) -> int:
         """The id of ``edge``'s message to ``dst_device`` (equal ids: one transfer)."""
@@ -248,6 +267,10 @@ class PlanEvaluator:
         t_bytes = state.t_bytes
         message_bytes = self._message_bytes
         push, pop = heapq.heappush, heapq.heappop
+        if limit < math.inf:
+            remaining = [self.remaining(d, orders[d]) for d in range(n_dev)]
+        else:
+            remaining = [[0.0] * len(order) for order in orders]
         now = state.now
         committed = state.committed
 
@@ -257,6 +280,7 @@ class PlanEvaluator:
             i = position[d]
             free = device_free[d]
             us = op_us[d]
+            rest = remaining[d]
             while i < len(order):
                 op = order[i]
                 if waiting[op]:
@@ -268,7 +292,7 @@ class PlanEvaluator:
                         s = arrival[k]
                         b = k
                 e = s + us[op]
-                if e + tail[op] > limit:
+                if e + (tail[op] if tail[op] > rest[i] else rest[i]) > limit:
                     return False
                 start[op] = s
                 end[op] = e

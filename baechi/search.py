@@ -52,7 +52,7 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -406,6 +406,7 @@ def _check_units(graph: Graph, units: Units, device_of: list[int]) -> None:
 def improve(
     graph: Graph, cluster: Cluster, device_of: list[int], orders: list[list[int]], *,
     units: Units, deadline: float, seed: int = 0, cost: CostModel | None = None,
+    on_better: Callable[[float], None] | None = None,
 ) -> tuple[list[int], list[list[int]], SearchStats]:
     """Improve a plan by local search until ``deadline``; never returns a worse plan.
 
@@ -424,6 +425,9 @@ def improve(
         Seed of the random choices (same seed, same plan, given the same number of moves).
     cost
         The request's cost model (built when not given).
+    on_better
+        Called with the step time (µs, the simulator's) of each better plan found, for
+        progress reports.
 
     Returns
     -------
@@ -488,9 +492,13 @@ def improve(
             cand_device_of, cand_orders, rank, since = built
             stats.moves_evaluated += 1
             candidate = evaluator.run(cand_device_of, cand_orders, bound=search.cur.step_us,
-                                      base=search.cur, since=since, keep=True)
+                                      base=search.cur, since=since)
             if candidate is None or not candidate.memory_ok:
                 continue
+            # again, keeping snapshots (only for the plans that become the base)
+            candidate = evaluator.run(cand_device_of, cand_orders, base=search.cur,
+                                      since=since, keep=True)
+            assert candidate is not None
             stats.moves_accepted += 1
             search.adopt(cand_device_of, search.resorted_rank(rank, candidate), candidate)
             improved = True
@@ -498,6 +506,8 @@ def improve(
         if improved:
             if search.cur.step_us < best[2].step_us:
                 best = (search.device_of, search.rank, search.cur)
+                if on_better is not None:
+                    on_better(search.cur.step_us)
             continue
         if time.perf_counter() >= deadline:
             break
@@ -516,6 +526,10 @@ def improve(
             if candidate is not None and candidate.memory_ok:
                 search.adopt(cand_device_of, search.resorted_rank(search.rank, candidate),
                              candidate)
+        if search.cur.step_us < best[2].step_us:  # a lucky perturbation
+            best = (search.device_of, search.rank, search.cur)
+            if on_better is not None:
+                on_better(search.cur.step_us)
     best_device_of, _, best_eval = best
     if best_eval is first:
         stats.seconds = time.perf_counter() - began
