@@ -61,6 +61,7 @@ class _State:
     arrival: list[float]
     waiting: list[int]
     position: list[int]
+    busy: list[bool]  # an op committed on the device has not completed yet
     device_free: list[float]
     channel_free: list[float]
     sent: dict[int, int]
@@ -75,7 +76,7 @@ class _State:
     def copy(self) -> _State:
         return _State(
             list(self.events), list(self.start), list(self.end), list(self.binding),
-            list(self.arrival), list(self.waiting), list(self.position),
+            list(self.arrival), list(self.waiting), list(self.position), list(self.busy),
             list(self.device_free), list(self.channel_free), dict(self.sent),
             list(self.t_src), list(self.t_dst), list(self.t_start), list(self.t_end),
             list(self.t_bytes), self.committed, self.now,
@@ -217,7 +218,8 @@ class PlanEvaluator:
             state = _State(
                 [], [0.0] * self.n, [0.0] * self.n, [-1] * self.n,
                 [0.0] * graph.num_edges, [len(ins) for ins in graph.in_edges],
-                [0] * n_dev, [0.0] * n_dev, [0.0] * n_dev, {}, [], [], [], [], [], 0, -math.inf,
+                [0] * n_dev, [False] * n_dev, [0.0] * n_dev, [0.0] * n_dev, {},
+                [], [], [], [], [], 0, -math.inf,
             )
             commit = [0.0] * self.n
             fresh = True
@@ -262,6 +264,7 @@ class PlanEvaluator:
         duration, cost = self._duration, self.cost
         events, start, end, binding = state.events, state.start, state.end, state.binding
         arrival, waiting, position = state.arrival, state.waiting, state.position
+        busy = state.busy
         device_free, channel_free, sent = state.device_free, state.channel_free, state.sent
         t_src, t_dst, t_start, t_end = state.t_src, state.t_dst, state.t_start, state.t_end
         t_bytes = state.t_bytes
@@ -275,35 +278,37 @@ class PlanEvaluator:
         committed = state.committed
 
         def start_ready(d: int) -> bool:
+            # Commit the device's next op once it is ready and the device's previous op has
+            # completed (the simulator commits earlier, as soon as it is ready, but the times
+            # are the same: the device chain alone sets device_free). Late commits make
+            # checkpoints more useful: a candidate diverges no earlier than its first commit.
             nonlocal committed
-            order = orders[d]
             i = position[d]
-            free = device_free[d]
-            us = op_us[d]
-            rest = remaining[d]
-            while i < len(order):
-                op = order[i]
-                if waiting[op]:
-                    break
-                s = free
-                b = -1
-                for k in in_edges[op]:
-                    if arrival[k] > s:
-                        s = arrival[k]
-                        b = k
-                e = s + us[op]
-                if e + (tail[op] if tail[op] > rest[i] else rest[i]) > limit:
-                    return False
-                start[op] = s
-                end[op] = e
-                binding[op] = b
-                commit[op] = now
-                free = e
-                push(events, (e, s, d, i, op))
-                i += 1
-                committed += 1
-            position[d] = i
-            device_free[d] = free
+            order = orders[d]
+            if busy[d] or i == len(order):
+                return True
+            op = order[i]
+            if waiting[op]:
+                return True
+            s = device_free[d]
+            b = -1
+            for k in in_edges[op]:
+                if arrival[k] > s:
+                    s = arrival[k]
+                    b = k
+            e = s + op_us[d][op]
+            rest = remaining[d][i]
+            if e + (tail[op] if tail[op] > rest else rest) > limit:
+                return False
+            start[op] = s
+            end[op] = e
+            binding[op] = b
+            commit[op] = now
+            push(events, (e, s, d, i, op))
+            position[d] = i + 1
+            device_free[d] = e
+            busy[d] = True
+            committed += 1
             return True
 
         if fresh:
@@ -319,6 +324,7 @@ class PlanEvaluator:
                 next_snapshot = committed + every
             t, _, d, _, op = pop(events)
             now = t
+            busy[d] = False
             for k in out_edges[op]:
                 dst = edge_dst[k]
                 dd = device_of[dst]
@@ -350,10 +356,10 @@ class PlanEvaluator:
                         t_bytes.append(message_bytes[k])
                     arrival[k] = t_end[index]
                 waiting[dst] -= 1
-                if not waiting[dst]:
-                    state.now = now
-                    if not start_ready(dd):
-                        return False
+                if not waiting[dst] and not start_ready(dd):
+                    return False
+            if not start_ready(d):  # the device is free: its next op, if ready
+                return False
         state.now, state.committed = now, committed
         return True
 

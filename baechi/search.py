@@ -66,6 +66,8 @@ from baechi.simulate import check_orders, replay
 
 #: Random unit moves applied to the best plan when the search is stuck.
 PERTURB_MOVES = 3
+#: Candidates built at a time and tried latest divergence first (cheapest replays first).
+BATCH = 16
 
 
 @dataclass
@@ -215,9 +217,23 @@ class _Search:
                     key=rank_of.__getitem__)
             else:
                 orders[d] = [op for op in rank if device_of[op] == d]
-        return device_of, orders, rank, self.since(orders, changed, moved)
+        return device_of, orders, rank, self.since(orders, changed, moved, device_of)
 
-    def since(self, orders: list[list[int]], changed: set[int], moved: list[int]) -> float:
+    def _messages(self, producer: int, device_of: list[int]) -> list[int]:
+        """The messages ``producer`` books when it completes, in booking order."""
+        graph, ev = self.graph, self.ev
+        d = device_of[producer]
+        booked: list[int] = []
+        for k in graph.out_edges[producer]:
+            dd = device_of[graph.edge_dst[k]]
+            if dd != d:
+                message = ev.message(k, dd)
+                if message not in booked:
+                    booked.append(message)
+        return booked
+
+    def since(self, orders: list[list[int]], changed: set[int], moved: list[int],
+              device_of: list[int]) -> float:
         """The earliest simulated instant at which the candidate may behave differently
         from the current plan (see :meth:`PlanEvaluator.run`)."""
         cur = self.cur
@@ -232,11 +248,17 @@ class _Search:
                 since = min(since, commit[old[i]])
             if i < len(new):
                 ready = max((end[edge_src[k]] for k in in_edges[new[i]]), default=-math.inf)
-                previous = commit[new[i - 1]] if i else -math.inf
+                # the device reaches position i when the op before it completes
+                previous = end[new[i - 1]] if i else -math.inf
                 since = min(since, max(previous, ready))
-        for op in moved:
-            for k in in_edges[op]:
-                since = min(since, end[edge_src[k]])
+        # a producer of a moved op books other messages at its completion (or in another
+        # order), unless the moved op shares its messages with consumers that stay
+        moved_set = set(moved)
+        producers = {edge_src[k] for op in moved for k in in_edges[op]} - moved_set
+        for producer in producers:
+            if end[producer] < since and (self._messages(producer, self.device_of)
+                                          != self._messages(producer, device_of)):
+                since = end[producer]
         return since
 
     def critical_path(self) -> list[tuple[int, int]]:
@@ -351,6 +373,25 @@ class _Search:
                 if not indegree[dst]:
                     heapq.heappush(heap, (-level[dst], position[dst], dst))
         return rank
+
+
+def _cheapest_first(
+    search: _Search, batch: int
+) -> Iterator[tuple[list[int], list[list[int]], list[int], float]]:
+    """The search's candidates built, in batches, latest divergence first: those replay
+    from a later checkpoint, so more of them are tried in the same time."""
+    pending = []
+    for move in search.candidates():
+        built = search.apply(move)
+        if built is None:
+            continue
+        pending.append(built)
+        if len(pending) == batch:
+            pending.sort(key=lambda b: -b[3])
+            yield from pending
+            pending = []
+    pending.sort(key=lambda b: -b[3])
+    yield from pending
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:
@@ -483,12 +524,9 @@ def improve(
                 stats.moves_accepted += 1
                 search.adopt(search.device_of, rank, candidate)
                 improved = True
-        for move in search.candidates():
+        for built in _cheapest_first(search, BATCH):
             if time.perf_counter() >= deadline:
                 break
-            built = search.apply(move)
-            if built is None:
-                continue
             cand_device_of, cand_orders, rank, since = built
             stats.moves_evaluated += 1
             candidate = evaluator.run(cand_device_of, cand_orders, bound=search.cur.step_us,
