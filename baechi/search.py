@@ -331,6 +331,18 @@ class _Search:
                 hi = mid
         return order[lo] if lo < len(order) else -1
 
+    def collapses(self) -> Iterator[_Move]:
+        """Every unit of one device moved to another (when they may all go there)."""
+        on: list[list[int]] = [[] for _ in range(self.n_dev)]
+        for unit, members in enumerate(self.units.members):
+            on[self.device_of[members[0]]].append(unit)
+        for a in range(self.n_dev):
+            if not on[a]:
+                continue
+            for b in range(self.n_dev):
+                if b != a and all(b in self.allowed[u] for u in on[a]):
+                    yield _Move(units=tuple((u, b) for u in on[a]))
+
     def random_move(self) -> _Move | None:
         """A random unit to a random other device it may use."""
         units = [u for u in range(len(self.units)) if len(self.allowed[u]) > 1]
@@ -509,25 +521,45 @@ def improve(
     search = _Search(graph, cluster, units, cost, evaluator, random.Random(seed))
     search.adopt(list(device_of), _rank_of_plan(graph, orders, first), first)
     best = (search.device_of, search.rank, search.cur)
-    tried_upward = False
     # no plan ends before the lower bound: reaching it proves the plan optimal
     floor = judged.lower_bound_us * (1 + 1e-12)
-    while time.perf_counter() < deadline and best[2].step_us > floor:
-        improved = False
-        if not tried_upward:
-            tried_upward = True
-            rank = search.upward_rank()
-            candidate = evaluator.run(search.device_of, search.orders_of(search.device_of, rank),
-                                      bound=search.cur.step_us, keep=True)
-            stats.moves_evaluated += 1
-            if candidate is not None and candidate.memory_ok:
-                stats.moves_accepted += 1
-                search.adopt(search.device_of, rank, candidate)
-                improved = True
-        for built in _cheapest_first(search, BATCH):
+
+    def take(device_of: list[int], rank: list[int], evaluation: Evaluation) -> None:
+        nonlocal best
+        search.adopt(device_of, rank, evaluation)
+        if evaluation.step_us < best[2].step_us:
+            best = (search.device_of, search.rank, search.cur)
+            if on_better is not None:
+                on_better(evaluation.step_us)
+
+    def global_step() -> bool:
+        """Re-rank by upward rank, or empty a device onto another: the best that improves."""
+        found: tuple[list[int], list[int], Evaluation] | None = None
+        rank = search.upward_rank()
+        candidates = [(search.device_of, search.orders_of(search.device_of, rank), rank)]
+        for move in search.collapses():
+            built = search.apply(move)
+            if built is not None:
+                candidates.append((built[0], built[1], search.rank))
+        for cand_device_of, cand_orders, cand_rank in candidates:
             if time.perf_counter() >= deadline:
                 break
-            cand_device_of, cand_orders, rank, since = built
+            stats.moves_evaluated += 1
+            bound = found[2].step_us if found else search.cur.step_us
+            candidate = evaluator.run(cand_device_of, cand_orders, bound=bound, keep=True)
+            if candidate is not None and candidate.memory_ok:
+                found = (cand_device_of, cand_rank, candidate)
+        if found is None:
+            return False
+        stats.moves_accepted += 1
+        take(found[0], search.resorted_rank(found[1], found[2]), found[2])
+        return True
+
+    def local_step() -> bool:
+        """First improvement among the critical path's moves."""
+        for cand_device_of, cand_orders, rank, since in _cheapest_first(search, BATCH):
+            if time.perf_counter() >= deadline:
+                return False
             stats.moves_evaluated += 1
             candidate = evaluator.run(cand_device_of, cand_orders, bound=search.cur.step_us,
                                       base=search.cur, since=since)
@@ -538,36 +570,35 @@ def improve(
                                       since=since, keep=True)
             assert candidate is not None
             stats.moves_accepted += 1
-            search.adopt(cand_device_of, search.resorted_rank(rank, candidate), candidate)
-            improved = True
-            break
-        if improved:
-            if search.cur.step_us < best[2].step_us:
-                best = (search.device_of, search.rank, search.cur)
-                if on_better is not None:
-                    on_better(search.cur.step_us)
-            continue
-        if time.perf_counter() >= deadline:
-            break
-        # stuck: perturb the best plan and search on from there
+            take(cand_device_of, search.resorted_rank(rank, candidate), candidate)
+            return True
+        return False
+
+    def perturb() -> None:
+        """A few random unit moves from the best plan, whatever they cost."""
         stats.perturbations += 1
         search.adopt(*best)
-        tried_upward = False
         for _ in range(PERTURB_MOVES):
             move = search.random_move()
             built = search.apply(move) if move is not None else None
             if built is None:
                 continue
-            cand_device_of, cand_orders, _, _ = built
             stats.moves_evaluated += 1
-            candidate = evaluator.run(cand_device_of, cand_orders, keep=True)
+            candidate = evaluator.run(built[0], built[1], keep=True)
             if candidate is not None and candidate.memory_ok:
-                search.adopt(cand_device_of, search.resorted_rank(search.rank, candidate),
-                             candidate)
-        if search.cur.step_us < best[2].step_us:  # a lucky perturbation
-            best = (search.device_of, search.rank, search.cur)
-            if on_better is not None:
-                on_better(search.cur.step_us)
+                take(built[0], search.resorted_rank(search.rank, candidate), candidate)
+
+    fresh = True  # a plan the global moves have not been tried on
+    while time.perf_counter() < deadline and best[2].step_us > floor:
+        if fresh:
+            fresh = False
+            if global_step():
+                continue
+        if local_step():
+            continue
+        if time.perf_counter() < deadline:
+            perturb()
+            fresh = True
     best_device_of, _, best_eval = best
     if best_eval is first:
         stats.seconds = time.perf_counter() - began
