@@ -356,7 +356,7 @@ class PlanEvaluator:
                         t_bytes.append(message_bytes[k])
                     arrival[k] = t_end[index]
                 waiting[dst] -= 1
-                if not waiting[dst] and not start_ready(dd):
+                if not waiting[dst] and not busy[dd] and not start_ready(dd):
                     return False
             if not start_ready(d):  # the device is free: its next op, if ready
                 return False

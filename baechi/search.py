@@ -446,7 +446,22 @@ def _rank_of_plan(graph: Graph, orders: list[list[int]], evaluation: Evaluation)
     return rank
 
 
-def _check_units(graph: Graph, units: Units, device_of: list[int]) -> None:
+def _check_start(graph: Graph, cluster: Cluster, units: Units, device_of: list[int],
+                 orders: list[list[int]]) -> None:
+    """Raise :class:`InvalidPlan` unless the start plan and units fit the graph and cluster."""
+    n, n_dev = len(graph), len(cluster.devices)
+    if len(device_of) != n or len(units.unit_of) != n:
+        raise InvalidPlan(f"the start plan places {len(device_of)} ops and the units cover "
+                          f"{len(units.unit_of)}; the graph has {n}")
+    if len(orders) != n_dev:
+        raise InvalidPlan(f"the start plan has {len(orders)} orders for {n_dev} devices")
+    for d, order in enumerate(orders):
+        for op in order:
+            if not 0 <= op < n or device_of[op] != d:
+                raise InvalidPlan(f"order of device {cluster.devices[d].name!r}: op {op} is "
+                                  "not an op placed on that device")
+    if sum(len(order) for order in orders) != n:
+        raise InvalidPlan("the start plan's orders do not hold every op exactly once")
     for members in units.members:
         d = device_of[members[0]]
         for op in members[1:]:
@@ -496,8 +511,8 @@ def improve(
     """
     began = time.perf_counter()
     cost = cost or CostModel(graph, cluster)
+    _check_start(graph, cluster, units, device_of, orders)
     check_orders(graph, orders)
-    _check_units(graph, units, device_of)
     judged = replay(graph, cluster, device_of, orders, cost).estimate
     stats = SearchStats(judged.step_time_us, judged.step_time_us)
 

@@ -282,3 +282,27 @@ def test_rejects_bad_start_plans() -> None:
     with pytest.raises(InvalidPlan, match="splits a unit"):
         improve(graph, cluster, [0, 1], [[0], [1]], units=colocation_units(graph, cluster),
                 deadline=time.perf_counter() + 0.1)
+
+
+def test_empties_a_device_when_one_device_is_best() -> None:
+    """A chain split over two devices with a slow link: every op together is optimal."""
+    doc = graph_doc([op(n, 10) for n in "abcd"], [edge("a", "b"), edge("b", "c"),
+                                                   edge("c", "d")])
+    graph = load_graph(doc)
+    cluster = Cluster.uniform(2, latency_us=100)
+    units = colocation_units(graph, cluster)
+    start = ([0, 1, 0, 1], [[0, 2], [1, 3]])
+    result = improve(graph, cluster, *start, units=units, deadline=time.perf_counter() + 0.5)
+    check_improved(graph, cluster, units, start, result)
+    assert result[2].start_step_us == 340.0 and result[2].step_us == 40.0
+
+
+def test_rejects_a_start_plan_of_another_graph() -> None:
+    graph, cluster = fork(latency=1)
+    units = colocation_units(graph, cluster)
+    with pytest.raises(InvalidPlan, match="the graph has 4"):
+        improve(graph, cluster, [0, 0, 0], [[0, 1, 2], []], units=units,
+                deadline=time.perf_counter() + 0.1)
+    with pytest.raises(InvalidPlan, match="not an op placed on that device"):
+        improve(graph, cluster, [0, 0, 0, 0], [[0, 1, 2], [3]], units=units,
+                deadline=time.perf_counter() + 0.1)
