@@ -188,12 +188,15 @@ def fork(latency: float) -> tuple:
 def test_one_move_finds_the_optimum() -> None:
     graph, cluster = fork(latency=1)
     units = colocation_units(graph, cluster)
+    reported: list[float] = []
     device_of, orders, stats = improve(graph, cluster, [0, 0, 0, 0], [[0, 1, 2, 3], []],
-                                       units=units, deadline=time.perf_counter() + 0.5)
+                                       units=units, deadline=time.perf_counter() + 0.5,
+                                       on_better=reported.append)
     # b or c (with d) beside the other branch: 10 + 1 + 10 + 10 = 31
     assert stats.start_step_us == 40.0 and stats.step_us == 31.0
     assert replay(graph, cluster, device_of, orders).estimate.step_time_us == 31.0
     assert stats.moves_accepted >= 1
+    assert reported and reported[-1] == 31.0 and reported == sorted(reported, reverse=True)
 
 
 def test_keeps_the_start_when_moving_cannot_pay() -> None:
