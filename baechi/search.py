@@ -114,11 +114,12 @@ class _Move:
 
 
 class _Search:
-    """The state of one :func:`improve` call (kept out of module globals)."""
+    """The current plan of one :func:`improve` call and the moves around it."""
 
     def __init__(
         self, graph: Graph, cluster: Cluster, units: Units, cost: CostModel,
-        evaluator: PlanEvaluator, rng: random.Random,
+        evaluator: PlanEvaluator, rng: random.Random, device_of: list[int], rank: list[int],
+        evaluation: Evaluation,
     ) -> None:
         self.graph = graph
         self.units = units
@@ -139,6 +140,7 @@ class _Search:
         self.unit_persistent = [0] * len(units)
         for op, unit in enumerate(units.unit_of):
             self.unit_persistent[unit] += graph.persistent_bytes[op]
+        self.adopt(device_of, rank, evaluation)
 
     # ------------------------------------------------------------------ plan state
     def adopt(self, device_of: list[int], rank: list[int], evaluation: Evaluation) -> None:
@@ -387,6 +389,101 @@ class _Search:
         return rank
 
 
+class _Driver:
+    """The iterated local search: global moves, local moves, perturbations; keeps the best."""
+
+    def __init__(self, search: _Search, stats: SearchStats, deadline: float,
+                 lower_bound_us: float, on_better: Callable[[float], None] | None) -> None:
+        self.search = search
+        self.ev = search.ev
+        self.stats = stats
+        self.deadline = deadline
+        # no plan ends before the lower bound: reaching it proves the plan optimal
+        self.floor = lower_bound_us * (1 + 1e-12)
+        self.on_better = on_better
+        self.best = (search.device_of, search.rank, search.cur)
+
+    def run(self) -> None:
+        fresh = True  # a plan the global moves have not been tried on
+        while time.perf_counter() < self.deadline and self.best[2].step_us > self.floor:
+            if fresh:
+                fresh = False
+                if self.global_step():
+                    continue
+            if self.local_step():
+                continue
+            if time.perf_counter() < self.deadline:
+                self.perturb()
+                fresh = True
+
+    def take(self, device_of: list[int], rank: list[int], evaluation: Evaluation) -> None:
+        """Make a plan current; remember it if it is the best so far."""
+        self.search.adopt(device_of, rank, evaluation)
+        if evaluation.step_us < self.best[2].step_us:
+            self.best = (device_of, rank, evaluation)
+            if self.on_better is not None:
+                self.on_better(evaluation.step_us)
+
+    def global_step(self) -> bool:
+        """Re-rank by upward rank, or empty a device onto another: the best that improves."""
+        search, stats = self.search, self.stats
+        found: tuple[list[int], list[int], Evaluation] | None = None
+        rank = search.upward_rank()
+        candidates = [(search.device_of, search.orders_of(search.device_of, rank), rank)]
+        for move in search.collapses():
+            built = search.apply(move)
+            if built is not None:
+                candidates.append((built[0], built[1], search.rank))
+        for cand_device_of, cand_orders, cand_rank in candidates:
+            if time.perf_counter() >= self.deadline:
+                break
+            stats.moves_evaluated += 1
+            bound = found[2].step_us if found else search.cur.step_us
+            candidate = self.ev.run(cand_device_of, cand_orders, bound=bound, keep=True)
+            if candidate is not None and candidate.memory_ok:
+                found = (cand_device_of, cand_rank, candidate)
+        if found is None:
+            return False
+        stats.moves_accepted += 1
+        self.take(found[0], search.resorted_rank(found[1], found[2]), found[2])
+        return True
+
+    def local_step(self) -> bool:
+        """First improvement among the critical path's moves."""
+        search, stats = self.search, self.stats
+        for cand_device_of, cand_orders, rank, since in _cheapest_first(search, BATCH):
+            if time.perf_counter() >= self.deadline:
+                return False
+            stats.moves_evaluated += 1
+            candidate = self.ev.run(cand_device_of, cand_orders, bound=search.cur.step_us,
+                                    base=search.cur, since=since)
+            if candidate is None or not candidate.memory_ok:
+                continue
+            # again, keeping snapshots (only for the plans that become the base)
+            candidate = self.ev.run(cand_device_of, cand_orders, base=search.cur,
+                                    since=since, keep=True)
+            assert candidate is not None
+            stats.moves_accepted += 1
+            self.take(cand_device_of, search.resorted_rank(rank, candidate), candidate)
+            return True
+        return False
+
+    def perturb(self) -> None:
+        """A few random unit moves from the best plan, whatever they cost."""
+        search = self.search
+        self.stats.perturbations += 1
+        search.adopt(*self.best)
+        for _ in range(PERTURB_MOVES):
+            move = search.random_move()
+            built = search.apply(move) if move is not None else None
+            if built is None:
+                continue
+            self.stats.moves_evaluated += 1
+            candidate = self.ev.run(built[0], built[1], keep=True)
+            if candidate is not None and candidate.memory_ok:
+                self.take(built[0], search.resorted_rank(search.rank, candidate), candidate)
+
+
 def _cheapest_first(
     search: _Search, batch: int
 ) -> Iterator[tuple[list[int], list[list[int]], list[int], float]]:
@@ -533,87 +630,11 @@ def improve(
         and first.peaks != [judged.peak_memory_bytes[name] for name in names]
     ):
         return unchanged("the search's evaluator disagrees with the simulator here")
-    search = _Search(graph, cluster, units, cost, evaluator, random.Random(seed))
-    search.adopt(list(device_of), _rank_of_plan(graph, orders, first), first)
-    best = (search.device_of, search.rank, search.cur)
-    # no plan ends before the lower bound: reaching it proves the plan optimal
-    floor = judged.lower_bound_us * (1 + 1e-12)
-
-    def take(device_of: list[int], rank: list[int], evaluation: Evaluation) -> None:
-        nonlocal best
-        search.adopt(device_of, rank, evaluation)
-        if evaluation.step_us < best[2].step_us:
-            best = (search.device_of, search.rank, search.cur)
-            if on_better is not None:
-                on_better(evaluation.step_us)
-
-    def global_step() -> bool:
-        """Re-rank by upward rank, or empty a device onto another: the best that improves."""
-        found: tuple[list[int], list[int], Evaluation] | None = None
-        rank = search.upward_rank()
-        candidates = [(search.device_of, search.orders_of(search.device_of, rank), rank)]
-        for move in search.collapses():
-            built = search.apply(move)
-            if built is not None:
-                candidates.append((built[0], built[1], search.rank))
-        for cand_device_of, cand_orders, cand_rank in candidates:
-            if time.perf_counter() >= deadline:
-                break
-            stats.moves_evaluated += 1
-            bound = found[2].step_us if found else search.cur.step_us
-            candidate = evaluator.run(cand_device_of, cand_orders, bound=bound, keep=True)
-            if candidate is not None and candidate.memory_ok:
-                found = (cand_device_of, cand_rank, candidate)
-        if found is None:
-            return False
-        stats.moves_accepted += 1
-        take(found[0], search.resorted_rank(found[1], found[2]), found[2])
-        return True
-
-    def local_step() -> bool:
-        """First improvement among the critical path's moves."""
-        for cand_device_of, cand_orders, rank, since in _cheapest_first(search, BATCH):
-            if time.perf_counter() >= deadline:
-                return False
-            stats.moves_evaluated += 1
-            candidate = evaluator.run(cand_device_of, cand_orders, bound=search.cur.step_us,
-                                      base=search.cur, since=since)
-            if candidate is None or not candidate.memory_ok:
-                continue
-            # again, keeping snapshots (only for the plans that become the base)
-            candidate = evaluator.run(cand_device_of, cand_orders, base=search.cur,
-                                      since=since, keep=True)
-            assert candidate is not None
-            stats.moves_accepted += 1
-            take(cand_device_of, search.resorted_rank(rank, candidate), candidate)
-            return True
-        return False
-
-    def perturb() -> None:
-        """A few random unit moves from the best plan, whatever they cost."""
-        stats.perturbations += 1
-        search.adopt(*best)
-        for _ in range(PERTURB_MOVES):
-            move = search.random_move()
-            built = search.apply(move) if move is not None else None
-            if built is None:
-                continue
-            stats.moves_evaluated += 1
-            candidate = evaluator.run(built[0], built[1], keep=True)
-            if candidate is not None and candidate.memory_ok:
-                take(built[0], search.resorted_rank(search.rank, candidate), candidate)
-
-    fresh = True  # a plan the global moves have not been tried on
-    while time.perf_counter() < deadline and best[2].step_us > floor:
-        if fresh:
-            fresh = False
-            if global_step():
-                continue
-        if local_step():
-            continue
-        if time.perf_counter() < deadline:
-            perturb()
-            fresh = True
+    search = _Search(graph, cluster, units, cost, evaluator, random.Random(seed),
+                     list(device_of), _rank_of_plan(graph, orders, first), first)
+    driver = _Driver(search, stats, deadline, judged.lower_bound_us, on_better)
+    driver.run()
+    best = driver.best
     best_device_of, _, best_eval = best
     if best_eval is first:
         stats.seconds = time.perf_counter() - began

@@ -92,8 +92,8 @@ def test_resumed_candidates_equal_fresh_replays(doc: dict, cluster: dict, seed: 
     base = evaluator.run(device_of, orders, keep=True)
     assert base is not None
     units = colocation_units(graph, parsed)
-    search = _Search(graph, parsed, units, evaluator.cost, evaluator, rng)
-    search.adopt(device_of, _rank_of_plan(graph, orders, base), base)
+    search = _Search(graph, parsed, units, evaluator.cost, evaluator, rng, device_of,
+                     _rank_of_plan(graph, orders, base), base)
     assert search.orders_of(device_of, search.rank) == orders  # the rank keeps the plan
     moves = list(search.candidates())
     moves += [m for m in (search.random_move() for _ in range(5)) if m is not None]
