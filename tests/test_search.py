@@ -7,11 +7,13 @@ find the better plan where one move suffices.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
 
 import pytest
+from conftest import SHARED, needs_shared
 from helpers import edge, graph_doc, op
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,7 +24,13 @@ from baechi.errors import InvalidPlan
 from baechi.evaluator import PlanEvaluator
 from baechi.grouping import colocation_units
 from baechi.search import _rank_of_plan, _Search, improve
-from baechi.simulate import check_constraints, check_orders, index_plan, replay
+from baechi.simulate import (
+    check_constraints,
+    check_orders,
+    index_plan,
+    replay,
+    single_device_run,
+)
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -309,3 +317,23 @@ def test_rejects_a_start_plan_of_another_graph() -> None:
     with pytest.raises(InvalidPlan, match="not an op placed on that device"):
         improve(graph, cluster, [0, 0, 0, 0], [[0, 1, 2], [3]], units=units,
                 deadline=time.perf_counter() + 0.1)
+
+
+@needs_shared
+@pytest.mark.parametrize("memory", [None, 0.75])
+def test_shared_gnmt_on_pcie_beats_m_etf(memory: float | None) -> None:
+    """m-ETF's PCIe plan of gnmt_baechi leaves room (it is slower than one device): the
+    search finds a faster plan that keeps every rule, within memory."""
+    doc = json.loads((SHARED / "graphs" / "baechi" / "gnmt_baechi.json").read_text())
+    graph = load_graph(doc)
+    devices: dict = {"count": 4}
+    if memory is not None:
+        devices["memory_bytes"] = int(single_device_run(graph, Cluster.uniform(1))[1] * memory)
+    cluster = Cluster.parse({"devices": devices,
+                             "network": {"latency_us": 134, "bandwidth_gbps": 5.7}})
+    plan = place(graph, cluster, "m-etf", {"allow_single": False})
+    start = index_plan(graph, plan, cluster)
+    units = colocation_units(graph, cluster)
+    result = improve(graph, cluster, *start, units=units, deadline=time.perf_counter() + 5)
+    check_improved(graph, cluster, units, start, result)
+    assert result[2].step_us < plan.estimate.step_time_us
