@@ -87,10 +87,11 @@ class _State:
 class Evaluation:
     """The result of one replay.
 
-    ``binding[op]`` is the in-edge whose arrival set the op's start, or -1 when the device
-    (or time zero) did; ``commit[op]`` is the simulated instant at which the op was given its
-    start (when its last input became known or its predecessor on the device started);
-    ``peaks`` are per-device memory peaks (``None`` when not computed).
+    ``arrival[edge]`` is when the edge's data (or control message) reached its consumer's
+    device; ``binding[op]`` is the in-edge whose arrival set the op's start, or -1 when the
+    device (or time zero) did; ``commit[op]`` is the simulated instant at which the op was
+    given its start (once it was ready and its device free); ``peaks`` are per-device memory
+    peaks (``None`` when not computed).
     """
 
     step_us: float
@@ -98,6 +99,7 @@ class Evaluation:
     orders: list[list[int]]
     start: list[float]
     end: list[float]
+    arrival: list[float]
     binding: list[int]
     commit: list[float]
     peaks: list[int] | None
@@ -246,7 +248,8 @@ class PlanEvaluator:
             memory_ok = all(
                 lim is None or p <= lim for lim, p in zip(self.limits, peaks, strict=True)
             )
-        return Evaluation(step, device_of, orders, state.start, state.end, state.binding,
+        return Evaluation(step, device_of, orders, state.start, state.end, state.arrival,
+                          state.binding,
                           commit, peaks, memory_ok, checkpoints)
 
     def _loop(

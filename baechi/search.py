@@ -68,6 +68,8 @@ from baechi.simulate import check_orders, replay
 PERTURB_MOVES = 3
 #: Candidates built at a time and tried latest divergence first (cheapest replays first).
 BATCH = 16
+#: Candidates that change more ops than this are not estimated (tried first instead).
+ESTIMATE_WINDOW = 512
 
 
 @dataclass
@@ -75,7 +77,10 @@ class SearchStats:
     """What :func:`improve` did.
 
     ``moves_evaluated`` counts candidate plans replayed (most only in part: from a
-    checkpoint, and stopped once they cannot win); ``moves_accepted`` the improving ones;
+    checkpoint, and stopped once they cannot win); ``moves_screened`` the candidates set
+    aside, not replayed, because their quick estimate did not beat the current plan (they are
+    replayed only when no other candidate improves); ``moves_accepted`` the moves that
+    improved the current plan (which after a perturbation may be worse than the best);
     ``note`` says why the start plan was returned unchanged, when it was for a reason other
     than finding nothing better.
     """
@@ -83,6 +88,7 @@ class SearchStats:
     start_step_us: float
     step_us: float
     moves_evaluated: int = 0
+    moves_screened: int = 0
     moves_accepted: int = 0
     perturbations: int = 0
     seconds: float = 0.0
@@ -97,12 +103,24 @@ class SearchStats:
 
     @property
     def moves_per_second(self) -> float:
+        """Candidates considered (replayed or screened out) per second."""
+        considered = self.moves_evaluated + self.moves_screened
+        return considered / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def replays_per_second(self) -> float:
+        """Candidates replayed (in part or whole) per second."""
         return self.moves_evaluated / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, with the derived figures."""
         return {**asdict(self), "improvement": self.improvement,
-                "moves_per_second": self.moves_per_second}
+                "moves_per_second": self.moves_per_second,
+                "replays_per_second": self.replays_per_second}
+
+
+#: A built candidate: device_of, orders, rank, divergence instant, estimated step.
+Candidate = tuple[list[int], list[list[int]], list[int], float, float]
 
 
 @dataclass
@@ -159,6 +177,103 @@ class _Search:
         self.persistent_on = [0] * self.n_dev
         for unit, members in enumerate(self.units.members):
             self.persistent_on[device_of[members[0]]] += self.unit_persistent[unit]
+        self.tail = self._schedule_tails()
+
+    def _schedule_tails(self) -> list[float]:
+        """``tail[op]``: the longest path from the op's start to the end of the current
+        schedule, through its device chain (no gap) and its out-edges (the delay the schedule
+        saw: the transfer, queueing included). ``start + tail == step`` on the critical path."""
+        graph, cur = self.graph, self.cur
+        end, arrival = cur.end, cur.arrival
+        op_us, device_of = self.cost.op_us, self.device_of
+        out_edges, edge_dst = graph.out_edges, graph.edge_dst
+        chain_next = [-1] * len(device_of)
+        for order in self.orders:
+            for a, b in itertools.pairwise(order):
+                chain_next[a] = b
+        tail = [0.0] * len(device_of)
+        for op in reversed(self.rank):
+            best = tail[chain_next[op]] if chain_next[op] >= 0 else 0.0
+            e = end[op]
+            for k in out_edges[op]:
+                t = arrival[k] - e + tail[edge_dst[k]]
+                if t > best:
+                    best = t
+            tail[op] = op_us[device_of[op]][op] + best
+        return tail
+
+    def estimate(self, device_of: list[int], orders: list[list[int]],
+                 changed: set[int], moved: list[int], earlier: int = -1) -> float:
+        """A quick estimate of a candidate's step (to try the promising ones first): re-time
+        only the ops around the change, each op's rest of the schedule taken from the current
+        plan's tails (as job-shop local search estimates moves; channels not re-booked)."""
+        cur, graph, cost = self.cur, self.graph, self.cost
+        end, arrival, tail = cur.end, cur.arrival, self.tail
+        old_device = self.device_of
+        edge_src, edge_dst = graph.edge_src, graph.edge_dst
+        affected: set[int] = set(moved)
+        for d in changed:
+            old, new = self.orders[d], orders[d]
+            i = _first_difference(old, new)
+            j = _common_suffix(old, new)
+            affected.update(new[i:len(new) - j + 1])
+        if len(affected) > ESTIMATE_WINDOW:
+            return -math.inf  # too wide to estimate: try it first rather than never
+
+        def index_of(op: int) -> int:
+            return orders[device_of[op]].index(op)
+        rank_of = self.rank_of
+        # in the candidate's rank, ``earlier`` (a reordered op) comes just before its old
+        # predecessor on the device, which is also where the sort below puts it
+        ordered = sorted(affected, key=lambda op: rank_of[op] if op != earlier
+                         else rank_of[orders[device_of[op]][index_of(op) + 1]] - 0.5)
+        index = {}
+        for d in changed:
+            for i, op in enumerate(orders[d]):
+                if op in affected:
+                    index[op] = i
+        new_end: dict[int, float] = {}
+        estimate = -math.inf
+        for op in ordered:
+            d = device_of[op]
+            order = orders[d]
+            i = index[op]
+            head = 0.0
+            if i:
+                before = order[i - 1]
+                head = new_end.get(before, end[before])
+            for k in graph.in_edges[op]:
+                src = edge_src[k]
+                ready = new_end.get(src, end[src])
+                ds = device_of[src]
+                if ds != d:
+                    if old_device[src] == ds and old_device[op] == d:
+                        ready += arrival[k] - end[src]
+                    else:
+                        ready += cost.transfer_us(k, ds, d)
+                if ready > head:
+                    head = ready
+            e = head + cost.op_us[d][op]
+            new_end[op] = e
+            rest = 0.0
+            if i + 1 < len(order) and order[i + 1] not in affected:
+                rest = tail[order[i + 1]]
+            for k in graph.out_edges[op]:
+                dst = edge_dst[k]
+                if dst in affected:
+                    continue
+                dd = device_of[dst]
+                delay = 0.0
+                if dd != d:
+                    if old_device[dst] == dd and old_device[op] == d:
+                        delay = arrival[k] - end[op]
+                    else:
+                        delay = cost.transfer_us(k, d, dd)
+                if delay + tail[dst] > rest:
+                    rest = delay + tail[dst]
+            if e + rest > estimate:
+                estimate = e + rest
+        return estimate
 
     def orders_of(self, device_of: list[int], rank: list[int]) -> list[list[int]]:
         orders: list[list[int]] = [[] for _ in range(self.n_dev)]
@@ -179,9 +294,10 @@ class _Search:
         return sorted(rank, key=lambda op: (start[op], commit[op], rank_of[op]))
 
     # ------------------------------------------------------------------ candidates
-    def apply(self, move: _Move) -> tuple[list[int], list[list[int]], list[int], float] | None:
-        """The candidate plan (device_of, orders, rank) and the instant from which it may
-        behave differently from the current plan; ``None`` when it cannot fit or is a no-op."""
+    def apply(self, move: _Move) -> Candidate | None:
+        """The candidate plan (device_of, orders, rank), the instant from which it may
+        behave differently from the current plan, and its estimated step; ``None`` when it
+        cannot fit or is a no-op."""
         units = self.units
         device_of = self.device_of
         rank = self.rank
@@ -219,7 +335,9 @@ class _Search:
                     key=rank_of.__getitem__)
             else:
                 orders[d] = [op for op in rank if device_of[op] == d]
-        return device_of, orders, rank, self.since(orders, changed, moved, device_of)
+        earlier = move.before[0] if move.before is not None else -1
+        return (device_of, orders, rank, self.since(orders, changed, moved, device_of),
+                self.estimate(device_of, orders, changed, moved, earlier))
 
     def _messages(self, producer: int, device_of: list[int]) -> list[int]:
         """The messages ``producer`` books when it completes, in booking order."""
@@ -449,24 +567,43 @@ class _Driver:
         return True
 
     def local_step(self) -> bool:
-        """First improvement among the critical path's moves."""
-        search, stats = self.search, self.stats
-        for cand_device_of, cand_orders, rank, since in _cheapest_first(search, BATCH):
+        """First improvement among the critical path's moves: first those whose estimate
+        beats the current step, then (only if none improved) the others."""
+        search = self.search
+        skipped: list[_Move] = []
+        for move, built in _batched(search, search.candidates(), BATCH):
             if time.perf_counter() >= self.deadline:
                 return False
-            stats.moves_evaluated += 1
-            candidate = self.ev.run(cand_device_of, cand_orders, bound=search.cur.step_us,
-                                    base=search.cur, since=since)
-            if candidate is None or not candidate.memory_ok:
+            if built[4] >= search.cur.step_us:
+                self.stats.moves_screened += 1
+                skipped.append(move)
                 continue
-            # again, keeping snapshots (only for the plans that become the base)
-            candidate = self.ev.run(cand_device_of, cand_orders, base=search.cur,
-                                    since=since, keep=True)
-            assert candidate is not None
-            stats.moves_accepted += 1
-            self.take(cand_device_of, search.resorted_rank(rank, candidate), candidate)
-            return True
+            if self._try(built):
+                return True
+        for _, built in _batched(search, iter(skipped), BATCH):
+            if time.perf_counter() >= self.deadline:
+                return False
+            if self._try(built):
+                return True
         return False
+
+    def _try(self, built: Candidate) -> bool:
+        """Replay a candidate (from the current plan's checkpoint); adopt it if it is
+        faster and fits."""
+        search = self.search
+        cand_device_of, cand_orders, rank, since, _ = built
+        self.stats.moves_evaluated += 1
+        candidate = self.ev.run(cand_device_of, cand_orders, bound=search.cur.step_us,
+                                base=search.cur, since=since)
+        if candidate is None or not candidate.memory_ok:
+            return False
+        # again, keeping snapshots (only for the plans that become the base)
+        candidate = self.ev.run(cand_device_of, cand_orders, base=search.cur, since=since,
+                                keep=True)
+        assert candidate is not None
+        self.stats.moves_accepted += 1
+        self.take(cand_device_of, search.resorted_rank(rank, candidate), candidate)
+        return True
 
     def perturb(self) -> None:
         """A few random unit moves from the best plan, whatever they cost."""
@@ -484,30 +621,61 @@ class _Driver:
                 self.take(built[0], search.resorted_rank(search.rank, candidate), candidate)
 
 
-def _cheapest_first(
-    search: _Search, batch: int
-) -> Iterator[tuple[list[int], list[list[int]], list[int], float]]:
-    """The search's candidates built, in batches, latest divergence first: those replay
-    from a later checkpoint, so more of them are tried in the same time."""
-    pending = []
-    for move in search.candidates():
+def _batched(search: _Search, moves: Iterator[_Move],
+             batch: int) -> Iterator[tuple[_Move, Candidate]]:
+    """Moves built in batches, each batch tried latest divergence first (the cheapest to
+    replay: they resume from a later checkpoint)."""
+    pending: list[tuple[_Move, Candidate]] = []
+    for move in moves:
         built = search.apply(move)
         if built is None:
             continue
-        pending.append(built)
+        pending.append((move, built))
         if len(pending) == batch:
-            pending.sort(key=lambda b: -b[3])
+            pending.sort(key=lambda item: -item[1][3])
             yield from pending
             pending = []
-    pending.sort(key=lambda b: -b[3])
+    pending.sort(key=lambda item: -item[1][3])
     yield from pending
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
+    """The first index where ``a`` and ``b`` differ (the shorter length if one is a prefix
+    of the other). Bisection over slice comparisons, which run in C.
+
+    >>> _first_difference([1, 2, 3, 4], [1, 2, 5]), _first_difference([1, 2], [1, 2, 3])
+    (2, 2)
+    """
+    n = min(len(a), len(b))
+    lo, hi = 0, n
+    if a[:n] == b[:n]:
+        return n
+    while hi - lo > 1:  # a[:lo] == b[:lo] and a[lo:hi] != b[lo:hi]
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _common_suffix(a: list[int], b: list[int]) -> int:
+    """How many trailing elements ``a`` and ``b`` share.
+
+    >>> _common_suffix([1, 2, 3, 4], [0, 3, 4]), _common_suffix([1], [2])
+    (2, 0)
+    """
+    n = min(len(a), len(b))
+    lo, hi = 0, n  # the last lo elements agree; the last hi do not (unless hi == lo)
+    if a[len(a) - n:] == b[len(b) - n:]:
+        return n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[len(a) - mid:len(a) - lo] == b[len(b) - mid:len(b) - lo]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _rank_of_plan(graph: Graph, orders: list[list[int]], evaluation: Evaluation) -> list[int]:

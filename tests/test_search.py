@@ -23,7 +23,7 @@ from baechi import Cluster, InfeasiblePlacement, load_graph, place
 from baechi.errors import InvalidPlan
 from baechi.evaluator import PlanEvaluator
 from baechi.grouping import colocation_units
-from baechi.search import _rank_of_plan, _Search, improve
+from baechi.search import _common_suffix, _first_difference, _rank_of_plan, _Search, improve
 from baechi.simulate import (
     check_constraints,
     check_orders,
@@ -109,7 +109,8 @@ def test_resumed_candidates_equal_fresh_replays(doc: dict, cluster: dict, seed: 
         built = search.apply(move)
         if built is None:
             continue
-        cand_device_of, cand_orders, rank, since = built
+        cand_device_of, cand_orders, rank, since, estimate = built
+        assert not math.isnan(estimate)
         check_orders(graph, cand_orders)
         assert search.orders_of(cand_device_of, rank) == cand_orders
         resumed = evaluator.run(cand_device_of, cand_orders, base=base, since=since)
@@ -337,3 +338,17 @@ def test_shared_gnmt_on_pcie_beats_m_etf(memory: float | None) -> None:
     result = improve(graph, cluster, *start, units=units, deadline=time.perf_counter() + 5)
     check_improved(graph, cluster, units, start, result)
     assert result[2].step_us < plan.estimate.step_time_us
+
+
+@given(a=st.lists(st.integers(0, 2), max_size=12), b=st.lists(st.integers(0, 2), max_size=12),
+       prefix=st.booleans(), suffix=st.booleans())
+def test_first_difference_and_common_suffix(a: list[int], b: list[int], prefix: bool,
+                                            suffix: bool) -> None:
+    b = (a[:len(a) // 2] if prefix else []) + b + (a[len(a) // 2:] if suffix else [])
+    pairs = enumerate(zip(a, b, strict=False))
+    first = next((i for i, (x, y) in pairs if x != y), min(len(a), len(b)))
+    assert _first_difference(a, b) == first
+    common = 0
+    while common < min(len(a), len(b)) and a[-1 - common] == b[-1 - common]:
+        common += 1
+    assert _common_suffix(a, b) == common
