@@ -7,8 +7,9 @@ rules (DESIGN §4, :mod:`baechi.simulate`) and returns the same step time and me
 - what depends only on the graph and cluster is computed once: adjacency as flat lists, each
   message's cache identity as a small integer, transfer times memoised per (edge, link);
 - a *bound* stops a replay as soon as the plan provably cannot beat it: an op ending at ``e``
-  with a chain of successors that takes at least ``tail[op]`` on the fastest devices means the
-  step ends no earlier than ``e + tail[op]``;
+  with a chain of successors that takes at least ``tail[op]`` on the fastest devices, or with
+  ops after it on its device that take ``w`` in all, means the step ends no earlier than
+  ``e + max(tail[op], w)``;
 - *checkpoints*: a replay of a base plan keeps snapshots of its state; a candidate that
   differs from the base only from some instant on (a moved unit, a reordered device) resumes
   from the last snapshot before that instant instead of replaying from time zero;
@@ -33,6 +34,7 @@ Examples
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +61,7 @@ class _State:
     arrival: list[float]
     waiting: list[int]
     position: list[int]
+    busy: list[bool]  # an op committed on the device has not completed yet
     device_free: list[float]
     channel_free: list[float]
     sent: dict[int, int]
@@ -73,7 +76,7 @@ class _State:
     def copy(self) -> _State:
         return _State(
             list(self.events), list(self.start), list(self.end), list(self.binding),
-            list(self.arrival), list(self.waiting), list(self.position),
+            list(self.arrival), list(self.waiting), list(self.position), list(self.busy),
             list(self.device_free), list(self.channel_free), dict(self.sent),
             list(self.t_src), list(self.t_dst), list(self.t_start), list(self.t_end),
             list(self.t_bytes), self.committed, self.now,
@@ -84,10 +87,11 @@ class _State:
 class Evaluation:
     """The result of one replay.
 
-    ``binding[op]`` is the in-edge whose arrival set the op's start, or -1 when the device
-    (or time zero) did; ``commit[op]`` is the simulated instant at which the op was given its
-    start (when its last input became known or its predecessor on the device started);
-    ``peaks`` are per-device memory peaks (``None`` when not computed).
+    ``arrival[edge]`` is when the edge's data (or control message) reached its consumer's
+    device; ``binding[op]`` is the in-edge whose arrival set the op's start, or -1 when the
+    device (or time zero) did; ``commit[op]`` is the simulated instant at which the op was
+    given its start (once it was ready and its device free); ``peaks`` are per-device memory
+    peaks (``None`` when not computed).
     """
 
     step_us: float
@@ -95,6 +99,7 @@ class Evaluation:
     orders: list[list[int]]
     start: list[float]
     end: list[float]
+    arrival: list[float]
     binding: list[int]
     commit: list[float]
     peaks: list[int] | None
@@ -135,6 +140,7 @@ class PlanEvaluator:
         self._message_ids: dict[Any, int] = {}
         self._duration: list[float] = [-1.0] * (m * self.n_dev * self.n_dev)
         self.tail = self._tails()
+        self._remaining: dict[int, tuple[list[int], list[float]]] = {}
 
     # ------------------------------------------------------------------ precomputation
     def _tails(self) -> list[float]:
@@ -155,6 +161,22 @@ class PlanEvaluator:
                     best = t
             tail[op] = best
         return tail
+
+    def remaining(self, d: int, order: list[int]) -> list[float]:
+        """``remaining[i]``: the compute time of the ops after ``order[i]`` on device ``d``
+        (memoised per order list: candidates share the lists of devices they leave alone)."""
+        cached = self._remaining.get(id(order))
+        if cached is not None and cached[0] is order:
+            return cached[1]
+        us = self.op_us[d]
+        suffix = list(itertools.accumulate([us[op] for op in reversed(order)]))
+        suffix.reverse()
+        suffix.append(0.0)
+        rest = suffix[1:]
+        if len(self._remaining) > 4096:
+            self._remaining.clear()
+        self._remaining[id(order)] = (order, rest)
+        return rest
 
     def message(self, edge: int, dst_device: int) -> int:
         """The id of ``edge``'s message to ``dst_device`` (equal ids: one transfer)."""
@@ -198,7 +220,8 @@ class PlanEvaluator:
             state = _State(
                 [], [0.0] * self.n, [0.0] * self.n, [-1] * self.n,
                 [0.0] * graph.num_edges, [len(ins) for ins in graph.in_edges],
-                [0] * n_dev, [0.0] * n_dev, [0.0] * n_dev, {}, [], [], [], [], [], 0, -math.inf,
+                [0] * n_dev, [False] * n_dev, [0.0] * n_dev, [0.0] * n_dev, {},
+                [], [], [], [], [], 0, -math.inf,
             )
             commit = [0.0] * self.n
             fresh = True
@@ -225,7 +248,8 @@ class PlanEvaluator:
             memory_ok = all(
                 lim is None or p <= lim for lim, p in zip(self.limits, peaks, strict=True)
             )
-        return Evaluation(step, device_of, orders, state.start, state.end, state.binding,
+        return Evaluation(step, device_of, orders, state.start, state.end, state.arrival,
+                          state.binding,
                           commit, peaks, memory_ok, checkpoints)
 
     def _loop(
@@ -243,43 +267,51 @@ class PlanEvaluator:
         duration, cost = self._duration, self.cost
         events, start, end, binding = state.events, state.start, state.end, state.binding
         arrival, waiting, position = state.arrival, state.waiting, state.position
+        busy = state.busy
         device_free, channel_free, sent = state.device_free, state.channel_free, state.sent
         t_src, t_dst, t_start, t_end = state.t_src, state.t_dst, state.t_start, state.t_end
         t_bytes = state.t_bytes
         message_bytes = self._message_bytes
         push, pop = heapq.heappush, heapq.heappop
+        if limit < math.inf:
+            remaining = [self.remaining(d, orders[d]) for d in range(n_dev)]
+        else:
+            remaining = [[0.0] * len(order) for order in orders]
         now = state.now
         committed = state.committed
 
         def start_ready(d: int) -> bool:
+            # Commit the device's next op once it is ready and the device's previous op has
+            # completed (the simulator commits earlier, as soon as it is ready, but the times
+            # are the same: the device chain alone sets device_free). Late commits make
+            # checkpoints more useful: a candidate diverges no earlier than its first commit.
             nonlocal committed
-            order = orders[d]
             i = position[d]
-            free = device_free[d]
-            us = op_us[d]
-            while i < len(order):
-                op = order[i]
-                if waiting[op]:
-                    break
-                s = free
-                b = -1
-                for k in in_edges[op]:
-                    if arrival[k] > s:
-                        s = arrival[k]
-                        b = k
-                e = s + us[op]
-                if e + tail[op] > limit:
-                    return False
-                start[op] = s
-                end[op] = e
-                binding[op] = b
-                commit[op] = now
-                free = e
-                push(events, (e, s, d, i, op))
-                i += 1
-                committed += 1
-            position[d] = i
-            device_free[d] = free
+            order = orders[d]
+            if busy[d] or i == len(order):
+                return True
+            op = order[i]
+            if waiting[op]:
+                return True
+            s = device_free[d]
+            b = -1
+            for k in in_edges[op]:
+                if arrival[k] > s:
+                    s = arrival[k]
+                    b = k
+            e = s + op_us[d][op]
+            rest = remaining[d][i]
+            if e + (tail[op] if tail[op] > rest else rest) > limit:
+                return False
+            start[op] = s
+            end[op] = e
+            binding[op] = b
+            commit[op] = now
+            push(events, (e, s, d, i, op))
+            position[d] = i + 1
+            device_free[d] = e
+            busy[d] = True
+            committed += 1
             return True
 
         if fresh:
@@ -295,6 +327,7 @@ class PlanEvaluator:
                 next_snapshot = committed + every
             t, _, d, _, op = pop(events)
             now = t
+            busy[d] = False
             for k in out_edges[op]:
                 dst = edge_dst[k]
                 dd = device_of[dst]
@@ -326,10 +359,10 @@ class PlanEvaluator:
                         t_bytes.append(message_bytes[k])
                     arrival[k] = t_end[index]
                 waiting[dst] -= 1
-                if not waiting[dst]:
-                    state.now = now
-                    if not start_ready(dd):
-                        return False
+                if not waiting[dst] and not busy[dd] and not start_ready(dd):
+                    return False
+            if not start_ready(d):  # the device is free: its next op, if ready
+                return False
         state.now, state.committed = now, committed
         return True
 

@@ -52,7 +52,7 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -66,6 +66,10 @@ from baechi.simulate import check_orders, replay
 
 #: Random unit moves applied to the best plan when the search is stuck.
 PERTURB_MOVES = 3
+#: Candidates built at a time and tried latest divergence first (cheapest replays first).
+BATCH = 16
+#: Candidates that change more ops than this are not estimated (tried first instead).
+ESTIMATE_WINDOW = 512
 
 
 @dataclass
@@ -73,7 +77,10 @@ class SearchStats:
     """What :func:`improve` did.
 
     ``moves_evaluated`` counts candidate plans replayed (most only in part: from a
-    checkpoint, and stopped once they cannot win); ``moves_accepted`` the improving ones;
+    checkpoint, and stopped once they cannot win); ``moves_screened`` the candidates set
+    aside, not replayed, because their quick estimate did not beat the current plan (they are
+    replayed only when no other candidate improves); ``moves_accepted`` the moves that
+    improved the current plan (which after a perturbation may be worse than the best);
     ``note`` says why the start plan was returned unchanged, when it was for a reason other
     than finding nothing better.
     """
@@ -81,6 +88,7 @@ class SearchStats:
     start_step_us: float
     step_us: float
     moves_evaluated: int = 0
+    moves_screened: int = 0
     moves_accepted: int = 0
     perturbations: int = 0
     seconds: float = 0.0
@@ -95,12 +103,24 @@ class SearchStats:
 
     @property
     def moves_per_second(self) -> float:
+        """Candidates considered (replayed or screened out) per second."""
+        considered = self.moves_evaluated + self.moves_screened
+        return considered / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def replays_per_second(self) -> float:
+        """Candidates replayed (in part or whole) per second."""
         return self.moves_evaluated / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, with the derived figures."""
         return {**asdict(self), "improvement": self.improvement,
-                "moves_per_second": self.moves_per_second}
+                "moves_per_second": self.moves_per_second,
+                "replays_per_second": self.replays_per_second}
+
+
+#: A built candidate: device_of, orders, rank, divergence instant, estimated step.
+Candidate = tuple[list[int], list[list[int]], list[int], float, float]
 
 
 @dataclass
@@ -112,11 +132,12 @@ class _Move:
 
 
 class _Search:
-    """The state of one :func:`improve` call (kept out of module globals)."""
+    """The current plan of one :func:`improve` call and the moves around it."""
 
     def __init__(
         self, graph: Graph, cluster: Cluster, units: Units, cost: CostModel,
-        evaluator: PlanEvaluator, rng: random.Random,
+        evaluator: PlanEvaluator, rng: random.Random, device_of: list[int], rank: list[int],
+        evaluation: Evaluation,
     ) -> None:
         self.graph = graph
         self.units = units
@@ -137,6 +158,7 @@ class _Search:
         self.unit_persistent = [0] * len(units)
         for op, unit in enumerate(units.unit_of):
             self.unit_persistent[unit] += graph.persistent_bytes[op]
+        self.adopt(device_of, rank, evaluation)
 
     # ------------------------------------------------------------------ plan state
     def adopt(self, device_of: list[int], rank: list[int], evaluation: Evaluation) -> None:
@@ -155,6 +177,103 @@ class _Search:
         self.persistent_on = [0] * self.n_dev
         for unit, members in enumerate(self.units.members):
             self.persistent_on[device_of[members[0]]] += self.unit_persistent[unit]
+        self.tail = self._schedule_tails()
+
+    def _schedule_tails(self) -> list[float]:
+        """``tail[op]``: the longest path from the op's start to the end of the current
+        schedule, through its device chain (no gap) and its out-edges (the delay the schedule
+        saw: the transfer, queueing included). ``start + tail == step`` on the critical path."""
+        graph, cur = self.graph, self.cur
+        end, arrival = cur.end, cur.arrival
+        op_us, device_of = self.cost.op_us, self.device_of
+        out_edges, edge_dst = graph.out_edges, graph.edge_dst
+        chain_next = [-1] * len(device_of)
+        for order in self.orders:
+            for a, b in itertools.pairwise(order):
+                chain_next[a] = b
+        tail = [0.0] * len(device_of)
+        for op in reversed(self.rank):
+            best = tail[chain_next[op]] if chain_next[op] >= 0 else 0.0
+            e = end[op]
+            for k in out_edges[op]:
+                t = arrival[k] - e + tail[edge_dst[k]]
+                if t > best:
+                    best = t
+            tail[op] = op_us[device_of[op]][op] + best
+        return tail
+
+    def estimate(self, device_of: list[int], orders: list[list[int]],
+                 changed: set[int], moved: list[int], earlier: int = -1) -> float:
+        """A quick estimate of a candidate's step (to try the promising ones first): re-time
+        only the ops around the change, each op's rest of the schedule taken from the current
+        plan's tails (as job-shop local search estimates moves; channels not re-booked)."""
+        cur, graph, cost = self.cur, self.graph, self.cost
+        end, arrival, tail = cur.end, cur.arrival, self.tail
+        old_device = self.device_of
+        edge_src, edge_dst = graph.edge_src, graph.edge_dst
+        affected: set[int] = set(moved)
+        for d in changed:
+            old, new = self.orders[d], orders[d]
+            i = _first_difference(old, new)
+            j = _common_suffix(old, new)
+            affected.update(new[i:len(new) - j + 1])
+        if len(affected) > ESTIMATE_WINDOW:
+            return -math.inf  # too wide to estimate: try it first rather than never
+
+        def index_of(op: int) -> int:
+            return orders[device_of[op]].index(op)
+        rank_of = self.rank_of
+        # in the candidate's rank, ``earlier`` (a reordered op) comes just before its old
+        # predecessor on the device, which is also where the sort below puts it
+        ordered = sorted(affected, key=lambda op: rank_of[op] if op != earlier
+                         else rank_of[orders[device_of[op]][index_of(op) + 1]] - 0.5)
+        index = {}
+        for d in changed:
+            for i, op in enumerate(orders[d]):
+                if op in affected:
+                    index[op] = i
+        new_end: dict[int, float] = {}
+        estimate = -math.inf
+        for op in ordered:
+            d = device_of[op]
+            order = orders[d]
+            i = index[op]
+            head = 0.0
+            if i:
+                before = order[i - 1]
+                head = new_end.get(before, end[before])
+            for k in graph.in_edges[op]:
+                src = edge_src[k]
+                ready = new_end.get(src, end[src])
+                ds = device_of[src]
+                if ds != d:
+                    if old_device[src] == ds and old_device[op] == d:
+                        ready += arrival[k] - end[src]
+                    else:
+                        ready += cost.transfer_us(k, ds, d)
+                if ready > head:
+                    head = ready
+            e = head + cost.op_us[d][op]
+            new_end[op] = e
+            rest = 0.0
+            if i + 1 < len(order) and order[i + 1] not in affected:
+                rest = tail[order[i + 1]]
+            for k in graph.out_edges[op]:
+                dst = edge_dst[k]
+                if dst in affected:
+                    continue
+                dd = device_of[dst]
+                delay = 0.0
+                if dd != d:
+                    if old_device[dst] == dd and old_device[op] == d:
+                        delay = arrival[k] - end[op]
+                    else:
+                        delay = cost.transfer_us(k, d, dd)
+                if delay + tail[dst] > rest:
+                    rest = delay + tail[dst]
+            if e + rest > estimate:
+                estimate = e + rest
+        return estimate
 
     def orders_of(self, device_of: list[int], rank: list[int]) -> list[list[int]]:
         orders: list[list[int]] = [[] for _ in range(self.n_dev)]
@@ -175,9 +294,10 @@ class _Search:
         return sorted(rank, key=lambda op: (start[op], commit[op], rank_of[op]))
 
     # ------------------------------------------------------------------ candidates
-    def apply(self, move: _Move) -> tuple[list[int], list[list[int]], list[int], float] | None:
-        """The candidate plan (device_of, orders, rank) and the instant from which it may
-        behave differently from the current plan; ``None`` when it cannot fit or is a no-op."""
+    def apply(self, move: _Move) -> Candidate | None:
+        """The candidate plan (device_of, orders, rank), the instant from which it may
+        behave differently from the current plan, and its estimated step; ``None`` when it
+        cannot fit or is a no-op."""
         units = self.units
         device_of = self.device_of
         rank = self.rank
@@ -215,9 +335,25 @@ class _Search:
                     key=rank_of.__getitem__)
             else:
                 orders[d] = [op for op in rank if device_of[op] == d]
-        return device_of, orders, rank, self.since(orders, changed, moved)
+        earlier = move.before[0] if move.before is not None else -1
+        return (device_of, orders, rank, self.since(orders, changed, moved, device_of),
+                self.estimate(device_of, orders, changed, moved, earlier))
 
-    def since(self, orders: list[list[int]], changed: set[int], moved: list[int]) -> float:
+    def _messages(self, producer: int, device_of: list[int]) -> list[int]:
+        """The messages ``producer`` books when it completes, in booking order."""
+        graph, ev = self.graph, self.ev
+        d = device_of[producer]
+        booked: list[int] = []
+        for k in graph.out_edges[producer]:
+            dd = device_of[graph.edge_dst[k]]
+            if dd != d:
+                message = ev.message(k, dd)
+                if message not in booked:
+                    booked.append(message)
+        return booked
+
+    def since(self, orders: list[list[int]], changed: set[int], moved: list[int],
+              device_of: list[int]) -> float:
         """The earliest simulated instant at which the candidate may behave differently
         from the current plan (see :meth:`PlanEvaluator.run`)."""
         cur = self.cur
@@ -232,11 +368,17 @@ class _Search:
                 since = min(since, commit[old[i]])
             if i < len(new):
                 ready = max((end[edge_src[k]] for k in in_edges[new[i]]), default=-math.inf)
-                previous = commit[new[i - 1]] if i else -math.inf
+                # the device reaches position i when the op before it completes
+                previous = end[new[i - 1]] if i else -math.inf
                 since = min(since, max(previous, ready))
-        for op in moved:
-            for k in in_edges[op]:
-                since = min(since, end[edge_src[k]])
+        # a producer of a moved op books other messages at its completion (or in another
+        # order), unless the moved op shares its messages with consumers that stay
+        moved_set = set(moved)
+        producers = {edge_src[k] for op in moved for k in in_edges[op]} - moved_set
+        for producer in producers:
+            if end[producer] < since and (self._messages(producer, self.device_of)
+                                          != self._messages(producer, device_of)):
+                since = end[producer]
         return since
 
     def critical_path(self) -> list[tuple[int, int]]:
@@ -309,6 +451,18 @@ class _Search:
                 hi = mid
         return order[lo] if lo < len(order) else -1
 
+    def collapses(self) -> Iterator[_Move]:
+        """Every unit of one device moved to another (when they may all go there)."""
+        on: list[list[int]] = [[] for _ in range(self.n_dev)]
+        for unit, members in enumerate(self.units.members):
+            on[self.device_of[members[0]]].append(unit)
+        for a in range(self.n_dev):
+            if not on[a]:
+                continue
+            for b in range(self.n_dev):
+                if b != a and all(b in self.allowed[u] for u in on[a]):
+                    yield _Move(units=tuple((u, b) for u in on[a]))
+
     def random_move(self) -> _Move | None:
         """A random unit to a random other device it may use."""
         units = [u for u in range(len(self.units)) if len(self.allowed[u]) > 1]
@@ -351,11 +505,175 @@ class _Search:
         return rank
 
 
+class _Driver:
+    """The iterated local search: global moves, local moves, perturbations; keeps the best."""
+
+    def __init__(self, search: _Search, stats: SearchStats, deadline: float,
+                 lower_bound_us: float, on_better: Callable[[float], None] | None) -> None:
+        self.search = search
+        self.ev = search.ev
+        self.stats = stats
+        self.deadline = deadline
+        # no plan ends before the lower bound: reaching it proves the plan optimal
+        self.floor = lower_bound_us * (1 + 1e-12)
+        self.on_better = on_better
+        self.best = (search.device_of, search.rank, search.cur)
+
+    def run(self) -> None:
+        fresh = True  # a plan the global moves have not been tried on
+        while time.perf_counter() < self.deadline and self.best[2].step_us > self.floor:
+            if fresh:
+                fresh = False
+                if self.global_step():
+                    continue
+            if self.local_step():
+                continue
+            if time.perf_counter() < self.deadline:
+                self.perturb()
+                fresh = True
+
+    def take(self, device_of: list[int], rank: list[int], evaluation: Evaluation) -> None:
+        """Make a plan current; remember it if it is the best so far."""
+        self.search.adopt(device_of, rank, evaluation)
+        if evaluation.step_us < self.best[2].step_us:
+            self.best = (device_of, rank, evaluation)
+            if self.on_better is not None:
+                self.on_better(evaluation.step_us)
+
+    def global_step(self) -> bool:
+        """Re-rank by upward rank, or empty a device onto another: the best that improves."""
+        search, stats = self.search, self.stats
+        found: tuple[list[int], list[int], Evaluation] | None = None
+        rank = search.upward_rank()
+        candidates = [(search.device_of, search.orders_of(search.device_of, rank), rank)]
+        for move in search.collapses():
+            built = search.apply(move)
+            if built is not None:
+                candidates.append((built[0], built[1], search.rank))
+        for cand_device_of, cand_orders, cand_rank in candidates:
+            if time.perf_counter() >= self.deadline:
+                break
+            stats.moves_evaluated += 1
+            bound = found[2].step_us if found else search.cur.step_us
+            candidate = self.ev.run(cand_device_of, cand_orders, bound=bound, keep=True)
+            if candidate is not None and candidate.memory_ok:
+                found = (cand_device_of, cand_rank, candidate)
+        if found is None:
+            return False
+        stats.moves_accepted += 1
+        self.take(found[0], search.resorted_rank(found[1], found[2]), found[2])
+        return True
+
+    def local_step(self) -> bool:
+        """First improvement among the critical path's moves: first those whose estimate
+        beats the current step, then (only if none improved) the others."""
+        search = self.search
+        skipped: list[_Move] = []
+        for move, built in _batched(search, search.candidates(), BATCH):
+            if time.perf_counter() >= self.deadline:
+                return False
+            if built[4] >= search.cur.step_us:
+                self.stats.moves_screened += 1
+                skipped.append(move)
+                continue
+            if self._try(built):
+                return True
+        for _, built in _batched(search, iter(skipped), BATCH):
+            if time.perf_counter() >= self.deadline:
+                return False
+            if self._try(built):
+                return True
+        return False
+
+    def _try(self, built: Candidate) -> bool:
+        """Replay a candidate (from the current plan's checkpoint); adopt it if it is
+        faster and fits."""
+        search = self.search
+        cand_device_of, cand_orders, rank, since, _ = built
+        self.stats.moves_evaluated += 1
+        candidate = self.ev.run(cand_device_of, cand_orders, bound=search.cur.step_us,
+                                base=search.cur, since=since)
+        if candidate is None or not candidate.memory_ok:
+            return False
+        # again, keeping snapshots (only for the plans that become the base)
+        candidate = self.ev.run(cand_device_of, cand_orders, base=search.cur, since=since,
+                                keep=True)
+        assert candidate is not None
+        self.stats.moves_accepted += 1
+        self.take(cand_device_of, search.resorted_rank(rank, candidate), candidate)
+        return True
+
+    def perturb(self) -> None:
+        """A few random unit moves from the best plan, whatever they cost."""
+        search = self.search
+        self.stats.perturbations += 1
+        search.adopt(*self.best)
+        for _ in range(PERTURB_MOVES):
+            move = search.random_move()
+            built = search.apply(move) if move is not None else None
+            if built is None:
+                continue
+            self.stats.moves_evaluated += 1
+            candidate = self.ev.run(built[0], built[1], keep=True)
+            if candidate is not None and candidate.memory_ok:
+                self.take(built[0], search.resorted_rank(search.rank, candidate), candidate)
+
+
+def _batched(search: _Search, moves: Iterator[_Move],
+             batch: int) -> Iterator[tuple[_Move, Candidate]]:
+    """Moves built in batches, each batch tried latest divergence first (the cheapest to
+    replay: they resume from a later checkpoint)."""
+    pending: list[tuple[_Move, Candidate]] = []
+    for move in moves:
+        built = search.apply(move)
+        if built is None:
+            continue
+        pending.append((move, built))
+        if len(pending) == batch:
+            pending.sort(key=lambda item: -item[1][3])
+            yield from pending
+            pending = []
+    pending.sort(key=lambda item: -item[1][3])
+    yield from pending
+
+
 def _first_difference(a: list[int], b: list[int]) -> int:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
+    """The first index where ``a`` and ``b`` differ (the shorter length if one is a prefix
+    of the other). Bisection over slice comparisons, which run in C.
+
+    >>> _first_difference([1, 2, 3, 4], [1, 2, 5]), _first_difference([1, 2], [1, 2, 3])
+    (2, 2)
+    """
+    n = min(len(a), len(b))
+    lo, hi = 0, n
+    if a[:n] == b[:n]:
+        return n
+    while hi - lo > 1:  # a[:lo] == b[:lo] and a[lo:hi] != b[lo:hi]
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _common_suffix(a: list[int], b: list[int]) -> int:
+    """How many trailing elements ``a`` and ``b`` share.
+
+    >>> _common_suffix([1, 2, 3, 4], [0, 3, 4]), _common_suffix([1], [2])
+    (2, 0)
+    """
+    n = min(len(a), len(b))
+    lo, hi = 0, n  # the last lo elements agree; the last hi do not (unless hi == lo)
+    if a[len(a) - n:] == b[len(b) - n:]:
+        return n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[len(a) - mid:len(a) - lo] == b[len(b) - mid:len(b) - lo]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _rank_of_plan(graph: Graph, orders: list[list[int]], evaluation: Evaluation) -> list[int]:
@@ -389,7 +707,22 @@ def _rank_of_plan(graph: Graph, orders: list[list[int]], evaluation: Evaluation)
     return rank
 
 
-def _check_units(graph: Graph, units: Units, device_of: list[int]) -> None:
+def _check_start(graph: Graph, cluster: Cluster, units: Units, device_of: list[int],
+                 orders: list[list[int]]) -> None:
+    """Raise :class:`InvalidPlan` unless the start plan and units fit the graph and cluster."""
+    n, n_dev = len(graph), len(cluster.devices)
+    if len(device_of) != n or len(units.unit_of) != n:
+        raise InvalidPlan(f"the start plan places {len(device_of)} ops and the units cover "
+                          f"{len(units.unit_of)}; the graph has {n}")
+    if len(orders) != n_dev:
+        raise InvalidPlan(f"the start plan has {len(orders)} orders for {n_dev} devices")
+    for d, order in enumerate(orders):
+        for op in order:
+            if not 0 <= op < n or device_of[op] != d:
+                raise InvalidPlan(f"order of device {cluster.devices[d].name!r}: op {op} is "
+                                  "not an op placed on that device")
+    if sum(len(order) for order in orders) != n:
+        raise InvalidPlan("the start plan's orders do not hold every op exactly once")
     for members in units.members:
         d = device_of[members[0]]
         for op in members[1:]:
@@ -402,6 +735,7 @@ def _check_units(graph: Graph, units: Units, device_of: list[int]) -> None:
 def improve(
     graph: Graph, cluster: Cluster, device_of: list[int], orders: list[list[int]], *,
     units: Units, deadline: float, seed: int = 0, cost: CostModel | None = None,
+    on_better: Callable[[float], None] | None = None,
 ) -> tuple[list[int], list[list[int]], SearchStats]:
     """Improve a plan by local search until ``deadline``; never returns a worse plan.
 
@@ -420,6 +754,9 @@ def improve(
         Seed of the random choices (same seed, same plan, given the same number of moves).
     cost
         The request's cost model (built when not given).
+    on_better
+        Called with the step time (µs, the simulator's) of each better plan found, for
+        progress reports.
 
     Returns
     -------
@@ -435,8 +772,8 @@ def improve(
     """
     began = time.perf_counter()
     cost = cost or CostModel(graph, cluster)
+    _check_start(graph, cluster, units, device_of, orders)
     check_orders(graph, orders)
-    _check_units(graph, units, device_of)
     judged = replay(graph, cluster, device_of, orders, cost).estimate
     stats = SearchStats(judged.step_time_us, judged.step_time_us)
 
@@ -457,61 +794,11 @@ def improve(
         and first.peaks != [judged.peak_memory_bytes[name] for name in names]
     ):
         return unchanged("the search's evaluator disagrees with the simulator here")
-    search = _Search(graph, cluster, units, cost, evaluator, random.Random(seed))
-    search.adopt(list(device_of), _rank_of_plan(graph, orders, first), first)
-    best = (search.device_of, search.rank, search.cur)
-    tried_upward = False
-    # no plan ends before the lower bound: reaching it proves the plan optimal
-    floor = judged.lower_bound_us * (1 + 1e-12)
-    while time.perf_counter() < deadline and best[2].step_us > floor:
-        improved = False
-        if not tried_upward:
-            tried_upward = True
-            rank = search.upward_rank()
-            candidate = evaluator.run(search.device_of, search.orders_of(search.device_of, rank),
-                                      bound=search.cur.step_us, keep=True)
-            stats.moves_evaluated += 1
-            if candidate is not None and candidate.memory_ok:
-                stats.moves_accepted += 1
-                search.adopt(search.device_of, rank, candidate)
-                improved = True
-        for move in search.candidates():
-            if time.perf_counter() >= deadline:
-                break
-            built = search.apply(move)
-            if built is None:
-                continue
-            cand_device_of, cand_orders, rank, since = built
-            stats.moves_evaluated += 1
-            candidate = evaluator.run(cand_device_of, cand_orders, bound=search.cur.step_us,
-                                      base=search.cur, since=since, keep=True)
-            if candidate is None or not candidate.memory_ok:
-                continue
-            stats.moves_accepted += 1
-            search.adopt(cand_device_of, search.resorted_rank(rank, candidate), candidate)
-            improved = True
-            break
-        if improved:
-            if search.cur.step_us < best[2].step_us:
-                best = (search.device_of, search.rank, search.cur)
-            continue
-        if time.perf_counter() >= deadline:
-            break
-        # stuck: perturb the best plan and search on from there
-        stats.perturbations += 1
-        search.adopt(*best)
-        tried_upward = False
-        for _ in range(PERTURB_MOVES):
-            move = search.random_move()
-            built = search.apply(move) if move is not None else None
-            if built is None:
-                continue
-            cand_device_of, cand_orders, _, _ = built
-            stats.moves_evaluated += 1
-            candidate = evaluator.run(cand_device_of, cand_orders, keep=True)
-            if candidate is not None and candidate.memory_ok:
-                search.adopt(cand_device_of, search.resorted_rank(search.rank, candidate),
-                             candidate)
+    search = _Search(graph, cluster, units, cost, evaluator, random.Random(seed),
+                     list(device_of), _rank_of_plan(graph, orders, first), first)
+    driver = _Driver(search, stats, deadline, judged.lower_bound_us, on_better)
+    driver.run()
+    best = driver.best
     best_device_of, _, best_eval = best
     if best_eval is first:
         stats.seconds = time.perf_counter() - began

@@ -7,11 +7,13 @@ find the better plan where one move suffices.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
 
 import pytest
+from conftest import SHARED, needs_shared
 from helpers import edge, graph_doc, op
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,8 +23,14 @@ from baechi import Cluster, InfeasiblePlacement, load_graph, place
 from baechi.errors import InvalidPlan
 from baechi.evaluator import PlanEvaluator
 from baechi.grouping import colocation_units
-from baechi.search import _rank_of_plan, _Search, improve
-from baechi.simulate import check_constraints, check_orders, index_plan, replay
+from baechi.search import _common_suffix, _first_difference, _rank_of_plan, _Search, improve
+from baechi.simulate import (
+    check_constraints,
+    check_orders,
+    index_plan,
+    replay,
+    single_device_run,
+)
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -92,8 +100,8 @@ def test_resumed_candidates_equal_fresh_replays(doc: dict, cluster: dict, seed: 
     base = evaluator.run(device_of, orders, keep=True)
     assert base is not None
     units = colocation_units(graph, parsed)
-    search = _Search(graph, parsed, units, evaluator.cost, evaluator, rng)
-    search.adopt(device_of, _rank_of_plan(graph, orders, base), base)
+    search = _Search(graph, parsed, units, evaluator.cost, evaluator, rng, device_of,
+                     _rank_of_plan(graph, orders, base), base)
     assert search.orders_of(device_of, search.rank) == orders  # the rank keeps the plan
     moves = list(search.candidates())
     moves += [m for m in (search.random_move() for _ in range(5)) if m is not None]
@@ -101,7 +109,8 @@ def test_resumed_candidates_equal_fresh_replays(doc: dict, cluster: dict, seed: 
         built = search.apply(move)
         if built is None:
             continue
-        cand_device_of, cand_orders, rank, since = built
+        cand_device_of, cand_orders, rank, since, estimate = built
+        assert not math.isnan(estimate)
         check_orders(graph, cand_orders)
         assert search.orders_of(cand_device_of, rank) == cand_orders
         resumed = evaluator.run(cand_device_of, cand_orders, base=base, since=since)
@@ -188,12 +197,15 @@ def fork(latency: float) -> tuple:
 def test_one_move_finds_the_optimum() -> None:
     graph, cluster = fork(latency=1)
     units = colocation_units(graph, cluster)
+    reported: list[float] = []
     device_of, orders, stats = improve(graph, cluster, [0, 0, 0, 0], [[0, 1, 2, 3], []],
-                                       units=units, deadline=time.perf_counter() + 0.5)
+                                       units=units, deadline=time.perf_counter() + 0.5,
+                                       on_better=reported.append)
     # b or c (with d) beside the other branch: 10 + 1 + 10 + 10 = 31
     assert stats.start_step_us == 40.0 and stats.step_us == 31.0
     assert replay(graph, cluster, device_of, orders).estimate.step_time_us == 31.0
     assert stats.moves_accepted >= 1
+    assert reported and reported[-1] == 31.0 and reported == sorted(reported, reverse=True)
 
 
 def test_keeps_the_start_when_moving_cannot_pay() -> None:
@@ -282,3 +294,61 @@ def test_rejects_bad_start_plans() -> None:
     with pytest.raises(InvalidPlan, match="splits a unit"):
         improve(graph, cluster, [0, 1], [[0], [1]], units=colocation_units(graph, cluster),
                 deadline=time.perf_counter() + 0.1)
+
+
+def test_empties_a_device_when_one_device_is_best() -> None:
+    """A chain split over two devices with a slow link: every op together is optimal."""
+    doc = graph_doc([op(n, 10) for n in "abcd"], [edge("a", "b"), edge("b", "c"),
+                                                   edge("c", "d")])
+    graph = load_graph(doc)
+    cluster = Cluster.uniform(2, latency_us=100)
+    units = colocation_units(graph, cluster)
+    start = ([0, 1, 0, 1], [[0, 2], [1, 3]])
+    result = improve(graph, cluster, *start, units=units, deadline=time.perf_counter() + 0.5)
+    check_improved(graph, cluster, units, start, result)
+    assert result[2].start_step_us == 340.0 and result[2].step_us == 40.0
+
+
+def test_rejects_a_start_plan_of_another_graph() -> None:
+    graph, cluster = fork(latency=1)
+    units = colocation_units(graph, cluster)
+    with pytest.raises(InvalidPlan, match="the graph has 4"):
+        improve(graph, cluster, [0, 0, 0], [[0, 1, 2], []], units=units,
+                deadline=time.perf_counter() + 0.1)
+    with pytest.raises(InvalidPlan, match="not an op placed on that device"):
+        improve(graph, cluster, [0, 0, 0, 0], [[0, 1, 2], [3]], units=units,
+                deadline=time.perf_counter() + 0.1)
+
+
+@needs_shared
+@pytest.mark.parametrize("memory", [None, 0.75])
+def test_shared_gnmt_on_pcie_beats_m_etf(memory: float | None) -> None:
+    """m-ETF's PCIe plan of gnmt_baechi leaves room (it is slower than one device): the
+    search finds a faster plan that keeps every rule, within memory."""
+    doc = json.loads((SHARED / "graphs" / "baechi" / "gnmt_baechi.json").read_text())
+    graph = load_graph(doc)
+    devices: dict = {"count": 4}
+    if memory is not None:
+        devices["memory_bytes"] = int(single_device_run(graph, Cluster.uniform(1))[1] * memory)
+    cluster = Cluster.parse({"devices": devices,
+                             "network": {"latency_us": 134, "bandwidth_gbps": 5.7}})
+    plan = place(graph, cluster, "m-etf", {"allow_single": False})
+    start = index_plan(graph, plan, cluster)
+    units = colocation_units(graph, cluster)
+    result = improve(graph, cluster, *start, units=units, deadline=time.perf_counter() + 5)
+    check_improved(graph, cluster, units, start, result)
+    assert result[2].step_us < plan.estimate.step_time_us
+
+
+@given(a=st.lists(st.integers(0, 2), max_size=12), b=st.lists(st.integers(0, 2), max_size=12),
+       prefix=st.booleans(), suffix=st.booleans())
+def test_first_difference_and_common_suffix(a: list[int], b: list[int], prefix: bool,
+                                            suffix: bool) -> None:
+    b = (a[:len(a) // 2] if prefix else []) + b + (a[len(a) // 2:] if suffix else [])
+    pairs = enumerate(zip(a, b, strict=False))
+    first = next((i for i, (x, y) in pairs if x != y), min(len(a), len(b)))
+    assert _first_difference(a, b) == first
+    common = 0
+    while common < min(len(a), len(b)) and a[-1 - common] == b[-1 - common]:
+        common += 1
+    assert _common_suffix(a, b) == common
