@@ -117,6 +117,14 @@ class Outcome:
     chosen: Chosen
     seconds: dict[str, float]
     deadline_reached: bool
+    #: The best lower bound proved on every plan's step time: the simulator's, or a
+    #: solver's (``exact`` on the graph itself), whichever is higher.
+    bound_us: float
+
+    @property
+    def optimal(self) -> bool:
+        """Whether the returned plan meets the bound, so no plan is faster."""
+        return self.simulation.estimate.step_time_us <= self.bound_us * (1 + OPTIMAL_TOLERANCE)
 
 
 def place_auto(request: Request) -> Outcome:
@@ -140,7 +148,7 @@ def place_auto(request: Request) -> Outcome:
         if request.expired() and (best is not None or not entry.last_resort):
             deadline_reached = True
             continue
-        if best is not None and _optimal(best):
+        if best is not None and _meets(best, _bound(request, runs)):
             break
         report("auto", i / (len(entries) + 2))
         tick = time.perf_counter()
@@ -167,7 +175,8 @@ def place_auto(request: Request) -> Outcome:
     assert best.simulation is not None
     chosen = Chosen(algorithm=best.algorithm, pipeline=best.pipeline)
     simulation = best.simulation
-    if not _optimal(best):
+    bound_us = _bound(request, runs)
+    if not _meets(best, bound_us):
         simulation, search = _search(request, simulation)
         if search is not None:
             candidates.append(search)
@@ -175,7 +184,7 @@ def place_auto(request: Request) -> Outcome:
             if simulation is not best.simulation:
                 chosen = chosen.model_copy(update={"local_search": True})
             deadline_reached = deadline_reached or request.expired()
-    return Outcome(best, simulation, candidates, chosen, seconds, deadline_reached)
+    return Outcome(best, simulation, candidates, chosen, seconds, deadline_reached, bound_us)
 
 
 def _run_entry(request: Request, entry: Entry, runs: list[Run]) -> Run | None:
@@ -205,12 +214,17 @@ def _faster(run: Run, best: Run) -> bool:
     return run.simulation.estimate.step_time_us < best.simulation.estimate.step_time_us
 
 
-def _optimal(run: Run) -> bool:
-    """Whether ``run``'s plan is proven optimal: the solver says so, or it meets the bound."""
+def _bound(request: Request, runs: list[Run]) -> float:
+    """The best proven lower bound so far: the simulator's, or a solver's on the graph itself
+    (``bound_us``; a bound proved on a reduced graph is kept as ``reduced_bound_us``)."""
+    return max([request.cost.lower_bound_us(),
+                *(r.algorithm_stats.get("bound_us", 0.0) for r in runs)])
+
+
+def _meets(run: Run, bound_us: float) -> bool:
+    """Whether ``run``'s plan is proven optimal: it meets the bound."""
     assert run.simulation is not None
-    estimate = run.simulation.estimate
-    return bool(run.algorithm_stats.get("optimal")) or (
-        estimate.step_time_us <= estimate.lower_bound_us * (1 + OPTIMAL_TOLERANCE))
+    return run.simulation.estimate.step_time_us <= bound_us * (1 + OPTIMAL_TOLERANCE)
 
 
 def _search(request: Request, simulation: Simulation) -> tuple[Simulation, Candidate | None]:
@@ -249,7 +263,8 @@ def _search(request: Request, simulation: Simulation) -> tuple[Simulation, Candi
 def candidate_fields(outcome: Outcome) -> dict[str, Any]:
     """The plan-stats fields of an ``auto`` outcome."""
     return {"candidates": outcome.candidates, "chosen": outcome.chosen,
-            "deadline_reached": outcome.deadline_reached}
+            "deadline_reached": outcome.deadline_reached, "optimal": outcome.optimal,
+            "bound_us": outcome.bound_us}
 
 
 __all__ = ["EXACT_MAX_NODES", "PORTFOLIO", "SCT_MAX_OPS", "Entry", "Outcome", "place_auto"]

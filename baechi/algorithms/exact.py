@@ -151,8 +151,9 @@ def place_exact(problem: Problem) -> Assignment:
     # the simulator's lower bound (critical path, total work / total speed) holds for every
     # plan; CP-SAT's own bound is weak on such scheduling models, so give it this one too
     floor_us = lower_bound_us(graph, cluster)
-    makespan = model.NewIntVar(min(horizon, math.floor(floor_us * scale / (1 + rounding))),
-                               horizon, "makespan")
+    least = floor_us * scale / (1 + rounding)
+    least = math.floor(least) if rounding else math.ceil(least * (1 - FLOAT_SLACK))
+    makespan = model.NewIntVar(min(horizon, least), horizon, "makespan")
     model.AddMaxEquality(makespan, end)
     model.Minimize(makespan)
     if hint is not None:
@@ -171,6 +172,9 @@ def place_exact(problem: Problem) -> Assignment:
     }
     bound_us = max(floor_us, solver.BestObjectiveBound() / scale / (1 + rounding)
                    if found else 0.0)
+    if not rounding:
+        # every time is a whole number of units, and so is every step time (a sum of them)
+        bound_us = math.ceil(bound_us * scale * (1 - FLOAT_SLACK)) / scale
     stats["bound_us"] = bound_us
     if not found:
         if hint is None:
