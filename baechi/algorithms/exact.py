@@ -6,25 +6,28 @@ The model, for a graph small enough (:data:`EXACT_MAX_OPS`; ``auto`` calls it on
   exactly one device it may use;
 - each op is an optional interval on every device its unit may go to, its length the op's
   time there (:class:`~baechi.costmodel.CostModel`); a device runs one op at a time;
-- an edge between units on different devices delays its consumer by the message's transfer
-  time; on the same device by nothing;
+- a message (one per tensor and destination device: DESIGN §4 caching) delays every consumer
+  on another device by its transfer time on that device pair; on the same device by nothing;
+- sequential mode: each message is also an optional interval on the sender's and the
+  receiver's channel, which carry one message at a time;
 - the persistent bytes placed on a device fit its budget;
 - minimise the makespan.
 
-What is exact and what is not. With ``network.mode: "parallel"`` and no memory limit the model
-is the simulator's cost model: a transfer starts when its producer ends and a cached tensor
-arrives at the same time for every consumer on a device, so the model's optimum is the best
-step time of any plan, and ``stats.optimal`` says CP-SAT proved it. In sequential mode the
-model leaves out channel contention, and under memory limits it counts only persistent bytes:
-both are relaxations, so ``stats.bound_us`` (CP-SAT's proven bound) is still a lower bound on
-every plan's step time, but the plan's step time is the simulator's replay and
-``stats.optimal`` is claimed only when that replay meets the bound. Times are integers: µs
-times ``scale`` (the smallest power of ten, up to 10**6, that makes every time whole; else
-rounded, and then the bound is lowered by the largest relative rounding error).
+What is exact and what is not (details in ``docs/exact.md``). Every simulator run of any plan is
+a solution of the model (the model is a relaxation), so CP-SAT's proven bound is a lower bound
+of every plan's step time (``stats.bound_us``). With ``network.mode: "parallel"`` and no memory
+limit the model is the simulator's cost model too: the replay of the solver's plan equals its
+objective, and an OPTIMAL status is the best step time of any plan. In sequential mode the
+simulator books channels first come, first served, which the solver's channel order may not
+follow, and under memory limits the model counts persistent bytes only: there the plan's step
+time is its replay. In every mode ``stats.optimal`` is claimed only when the returned plan fits
+memory and its replay meets the proven bound, so it is never claimed falsely. Times are
+integers: µs times ``scale`` (the smallest power of ten, up to 10**6, that makes every time
+whole; else rounded, and then the bound is lowered by the largest relative rounding error).
 
 A hint plan (``problem.hint``: the best heuristic plan, given by ``auto``; m-ETF's plan when
 none is given) warm-starts the solver, and the plan returned is never slower than the hint
-under the simulator.
+under the simulator (when both fit memory).
 
 Examples
 --------
@@ -45,6 +48,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ortools.sat.python import cp_model
@@ -53,12 +57,16 @@ from baechi.algorithms.base import Assignment, Problem
 from baechi.algorithms.etf import place_etf
 from baechi.costmodel import CostModel
 from baechi.errors import InfeasiblePlacement
-from baechi.simulate import lower_bound_us, replay
+from baechi.simulate import Simulation, replay
 
 #: Largest graph (ops, after any reduction) that ``exact`` models: CP-SAT proved most of the
 #: STG graphs (50–100 ops, 4 devices) optimal within seconds; beyond a few hundred ops the
 #: model's no-overlap constraints grow quadratically and the proofs stop coming.
 EXACT_MAX_OPS = 300
+
+#: Largest number of message intervals (messages × device pairs) of the sequential-mode
+#: channel model; beyond it the channels are left out (a weaker relaxation, still a bound).
+MAX_CHANNEL_INTERVALS = 20_000
 
 #: Largest scale (integer time units per µs).
 MAX_SCALE = 10**6
@@ -71,6 +79,17 @@ WORKERS = 2
 
 #: Relative differences below this are float noise (the simulator adds floats too).
 FLOAT_SLACK = 1e-9
+
+
+@dataclass
+class Message:
+    """One tensor of ``src`` (a cache key without its destination), the consumers in other
+    units, and its transfer µs per (source device, destination device)."""
+
+    key: tuple[Any, ...]
+    src: int
+    consumers: list[int]
+    delays: dict[tuple[int, int], float]
 
 
 def place_exact(problem: Problem) -> Assignment:
@@ -86,92 +105,49 @@ def place_exact(problem: Problem) -> Assignment:
         and there is no hint).
     """
     began = time.perf_counter()
-    graph, cluster, units = problem.graph, problem.cluster, problem.units
-    n, n_dev = len(graph), len(cluster.devices)
-    cost = problem.cost
+    graph, cluster, cost = problem.graph, problem.cluster, problem.cost
+    n = len(graph)
     hint = problem.hint or _etf_hint(problem)
+    hint_run = None if hint is None else replay(graph, cluster, hint.device_of, hint.orders,
+                                                cost)
+    floor_us = cost.lower_bound_us()
     if n > EXACT_MAX_OPS:
         if hint is None:
             raise InfeasiblePlacement(f"exact: m-ETF found no plan within memory for the "
                                       f"warm start, and the graph ({n} ops) is too large")
         return Assignment(hint.device_of, hint.orders, {
-            "optimal": False, "bound_us": lower_bound_us(graph, cluster),
+            "optimal": False, "bound_us": floor_us, "solver_status": "NOT_RUN",
             "fallback": f"exact models graphs of up to {EXACT_MAX_OPS} ops (this one has {n} "
-                        "after the reduction pipeline): m-ETF's plan"})
-    allowed = [list(problem.devices_for(u)) for u in range(len(units))]
-    edges = _unit_edges(problem, cost)
-    times = [t for d in range(n_dev) for t in cost.op_us[d] if math.isfinite(t)]
-    times += [t for *_, delays in edges for t in delays.values()]
-    scale, rounding = _scale(times, _horizon_us(problem, cost, hint))
-
-    def ticks(us: float) -> int:
-        return round(us * scale)
-
-    model = cp_model.CpModel()
-    horizon = ticks(_horizon_us(problem, cost, hint)) + 1
-    on = {(u, d): model.NewBoolVar(f"u{u}d{d}") for u in range(len(units)) for d in allowed[u]}
-    for u in range(len(units)):
-        model.AddExactlyOne(on[u, d] for d in allowed[u])
-    start = [model.NewIntVar(0, horizon, f"s{v}") for v in range(n)]
-    end = [model.NewIntVar(0, horizon, f"e{v}") for v in range(n)]
-    per_device: list[list[Any]] = [[] for _ in range(n_dev)]
-    for v in range(n):
-        u = units.unit_of[v]
-        for d in allowed[u]:
-            interval = model.NewOptionalFixedSizeIntervalVar(
-                start[v], ticks(cost.op_us[d][v]), on[u, d], f"i{v}d{d}")
-            per_device[d].append(interval)
-            model.Add(end[v] == start[v] + ticks(cost.op_us[d][v])).OnlyEnforceIf(on[u, d])
-    for intervals in per_device:
-        model.AddNoOverlap(intervals)
-    same: dict[tuple[int, int], Any] = {}
-    for src, dst, unit_a, unit_b, delays in edges:
-        model.Add(start[dst] >= end[src])
-        if unit_a == unit_b:
-            continue
-        pair = (min(unit_a, unit_b), max(unit_a, unit_b))
-        if pair not in same:
-            same[pair] = _same_device(model, on, allowed, *pair)
-        # the cheapest link whenever the units are apart; a dearer link (per-pair links,
-        # DESIGN §10) when the units sit on its two devices
-        least = min(delays.values(), default=0.0)
-        model.Add(start[dst] >= end[src] + ticks(least)).OnlyEnforceIf(same[pair].Not())
-        for (a, b), delay in delays.items():
-            if delay > least and (unit_a, a) in on and (unit_b, b) in on:
-                model.Add(start[dst] >= end[src] + ticks(delay)).OnlyEnforceIf(
-                    [on[unit_a, a], on[unit_b, b]])
-    persistent = [sum(graph.persistent_bytes[v] for v in members) for members in units.members]
-    for d in range(n_dev):
-        if math.isfinite(problem.budget[d]):
-            model.Add(sum(persistent[u] * on[u, d] for u in range(len(units))
-                          if (u, d) in on) <= int(problem.budget[d]))
-    symmetric = _interchangeable(problem, cost)
-    if symmetric:
-        _break_symmetry(model, on, len(units), n_dev)
-    # the simulator's lower bound (critical path, total work / total speed) holds for every
-    # plan; CP-SAT's own bound is weak on such scheduling models, so give it this one too
-    floor_us = lower_bound_us(graph, cluster)
-    least = floor_us * scale / (1 + rounding)
-    least = math.floor(least) if rounding else math.ceil(least * (1 - FLOAT_SLACK))
-    makespan = model.NewIntVar(min(horizon, least), horizon, "makespan")
-    model.AddMaxEquality(makespan, end)
-    model.Minimize(makespan)
-    if hint is not None:
-        _add_hint(model, problem, cost, hint, on, start, end, ticks, symmetric)
+                        "after the reduction pipeline): the warm start's plan"})
+    horizon_us = _horizon_us(problem, cost, hint_run)
+    messages, uniform = _messages(problem, cost)
+    times = [t for row in cost.op_us for t in row if math.isfinite(t)]
+    times += [t for m in messages for t in m.delays.values()]
+    scale, rounding = _scale(times, horizon_us)
+    built = _Model(problem, messages, scale, horizon_us, floor_us, rounding)
+    if hint is not None and hint_run is not None:
+        built.add_hint(hint, hint_run)
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, problem.time_limit_s
                                                 - (time.perf_counter() - began))
     solver.parameters.num_workers = WORKERS
-    status = solver.Solve(model)
+    status = solver.Solve(built.model)
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    # the bound holds for the request only while the model's budgets are the devices' limits
+    # (a retry after an overshoot lowers them: plans the request allows are then cut off)
+    at_limits = all(b >= (math.inf if d.memory_bytes is None else d.memory_bytes)
+                    for b, d in zip(problem.budget, cluster.devices, strict=True))
+    limited = any(d.memory_bytes is not None for d in cluster.devices)
     stats: dict[str, Any] = {
         "solver_status": solver.StatusName(status),
         "solve_seconds": solver.WallTime(),
         "scale": scale,
+        "model_exact": not cost.sequential and not limited and uniform and not rounding,
+        "channels_modelled": built.channels,
     }
-    bound_us = max(floor_us, solver.BestObjectiveBound() / scale / (1 + rounding)
-                   if found else 0.0)
+    proven = solver.BestObjectiveBound() / scale / (1 + rounding) if found else 0.0
+    bound_us = max(floor_us, proven) if at_limits else floor_us
     if not rounding:
         # every time is a whole number of units, and so is every step time (a sum of them)
         bound_us = math.ceil(bound_us * scale * (1 - FLOAT_SLACK)) / scale
@@ -181,30 +157,189 @@ def place_exact(problem: Problem) -> Assignment:
             raise InfeasiblePlacement(
                 f"exact: CP-SAT found no plan ({solver.StatusName(status)}) within "
                 f"{problem.time_limit_s:g} s")
-        return Assignment(hint.device_of, hint.orders, {**stats, "optimal": False,
-                                                        "note": "kept the hint plan"})
-    device_of = [-1] * n
-    for (u, d), var in on.items():
-        if solver.Value(var):
-            for v in units.members[u]:
-                device_of[v] = d
-    position = {v: i for i, v in enumerate(graph.topo)}
-    orders: list[list[int]] = [[] for _ in range(n_dev)]
-    for v in sorted(range(n), key=lambda v: (solver.Value(start[v]), solver.Value(end[v]),
-                                             position[v])):
-        orders[device_of[v]].append(v)
-    step_us = replay(graph, cluster, device_of, orders, cost).estimate.step_time_us
-    if hint is not None:
-        hint_us = replay(graph, cluster, hint.device_of, hint.orders, cost).estimate.step_time_us
-        if hint_us < step_us:
-            return Assignment(hint.device_of, hint.orders, {
-                **stats, "optimal": hint_us <= bound_us * (1 + FLOAT_SLACK),
-                "note": "the hint plan replays faster than the solver's"})
-    # the model relaxes the simulator (no channel contention, persistent bytes only), so its
-    # bound holds for every plan: a plan that meets it is optimal, whatever the mode
-    stats["optimal"] = step_us <= bound_us * (1 + FLOAT_SLACK)
+        return _finish(hint, hint_run, stats, "the solver found no plan: the hint's")
+    device_of, orders = built.plan(solver)
+    run = replay(graph, cluster, device_of, orders, cost)
     stats["model_step_us"] = solver.ObjectiveValue() / scale
-    return Assignment(device_of, orders, stats)
+    if hint is not None and hint_run is not None and _better(hint_run, run):
+        return _finish(hint, hint_run, stats, "the hint plan replays faster than the solver's")
+    return _finish(Assignment(device_of, orders), run, stats, None)
+
+
+def _better(a: Simulation, b: Simulation) -> bool:
+    """Whether plan ``a`` beats ``b``: fits memory when ``b`` does not, else is faster."""
+    if a.estimate.memory_ok != b.estimate.memory_ok:
+        return a.estimate.memory_ok
+    return a.estimate.step_time_us < b.estimate.step_time_us
+
+
+def _finish(plan: Assignment, run: Simulation, stats: dict[str, Any],
+            note: str | None) -> Assignment:
+    """``plan`` with ``stats``: optimal iff it fits and its replay meets the proven bound."""
+    step = run.estimate.step_time_us
+    stats["optimal"] = run.estimate.memory_ok and step <= stats["bound_us"] * (1 + FLOAT_SLACK)
+    if note:
+        stats["note"] = note
+    return Assignment(plan.device_of, plan.orders, stats)
+
+
+class _Model:
+    """The CP-SAT model of one problem (see the module docstring) and how to read its plan."""
+
+    def __init__(self, problem: Problem, messages: list[Message], scale: int,
+                 horizon_us: float, floor_us: float, rounding: float) -> None:
+        self.problem = problem
+        self.scale = scale
+        graph, cost, units = problem.graph, problem.cost, problem.units
+        n, n_dev, n_units = len(graph), len(problem.cluster.devices), len(units)
+        model = self.model = cp_model.CpModel()
+        horizon = self.horizon = self.ticks(horizon_us) + 1
+        allowed = [list(problem.devices_for(u)) for u in range(n_units)]
+        on = self.on = {(u, d): model.NewBoolVar(f"u{u}d{d}")
+                        for u in range(n_units) for d in allowed[u]}
+        for u in range(n_units):
+            model.AddExactlyOne(on[u, d] for d in allowed[u])
+        start = self.start = [model.NewIntVar(0, horizon, f"s{v}") for v in range(n)]
+        end = self.end = [model.NewIntVar(0, horizon, f"e{v}") for v in range(n)]
+        per_device: list[list[Any]] = [[] for _ in range(n_dev)]
+        for v in range(n):
+            u = units.unit_of[v]
+            for d in allowed[u]:
+                size = self.ticks(cost.op_us[d][v])
+                per_device[d].append(model.NewOptionalFixedSizeIntervalVar(
+                    start[v], size, on[u, d], f"i{v}d{d}"))
+                model.Add(end[v] == start[v] + size).OnlyEnforceIf(on[u, d])
+        for intervals in per_device:
+            model.AddNoOverlap(intervals)
+        for k in range(graph.num_edges):
+            model.Add(start[graph.edge_dst[k]] >= end[graph.edge_src[k]])
+        self._delays(messages, allowed)
+        self.channels = cost.sequential and _channel_intervals(messages, allowed) <= \
+            MAX_CHANNEL_INTERVALS
+        self.sends: dict[tuple[int, int], Any] = {}
+        self.sent: dict[tuple[int, int, int], Any] = {}
+        if self.channels:
+            self._channels(messages, allowed, n_dev)
+        persistent = [sum(graph.persistent_bytes[v] for v in members)
+                      for members in units.members]
+        for d in range(n_dev):
+            if math.isfinite(problem.budget[d]):
+                model.Add(sum(persistent[u] * on[u, d] for u in range(n_units)
+                              if (u, d) in on) <= int(problem.budget[d]))
+        self.symmetric = _interchangeable(problem, cost)
+        if self.symmetric:
+            _break_symmetry(model, on, n_units, n_dev)
+        # the simulator's lower bound (critical path, total work / total speed) holds for
+        # every plan; CP-SAT's own bound is weak on such scheduling models, so give it this
+        self.makespan = model.NewIntVar(
+            min(horizon, _least_ticks(floor_us, scale, rounding)), horizon, "makespan")
+        model.AddMaxEquality(self.makespan, end)
+        model.Minimize(self.makespan)
+        self.messages = messages
+
+    def ticks(self, us: float) -> int:
+        """``us`` in the model's integer time units."""
+        return round(us * self.scale)
+
+    def _delays(self, messages: list[Message], allowed: list[list[int]]) -> None:
+        """A consumer on another device than its producer starts after the message arrives
+        (in sequential mode at least its transfer time after the producer's end too)."""
+        model, on, units = self.model, self.on, self.problem.units
+        start, end = self.start, self.end
+        same: dict[tuple[int, int], Any] = {}
+        for m in messages:
+            unit_a = units.unit_of[m.src]
+            for dst in m.consumers:
+                unit_b = units.unit_of[dst]
+                pair = (min(unit_a, unit_b), max(unit_a, unit_b))
+                if pair not in same:
+                    same[pair] = _same_device(model, on, allowed, *pair)
+                # the cheapest link whenever the units are apart; a dearer link (per-pair
+                # links, DESIGN §10) when the units sit on its two devices
+                least = min(m.delays.values(), default=0.0)
+                model.Add(start[dst] >= end[m.src] + self.ticks(least)).OnlyEnforceIf(
+                    same[pair].Not())
+                for (a, b), delay in m.delays.items():
+                    if delay > least and (unit_a, a) in on and (unit_b, b) in on:
+                        model.Add(start[dst] >= end[m.src] + self.ticks(delay)).OnlyEnforceIf(
+                            [on[unit_a, a], on[unit_b, b]])
+
+    def _channels(self, messages: list[Message], allowed: list[list[int]],
+                  n_dev: int) -> None:
+        """Sequential mode: per message and destination device a send time; per source
+        device an optional interval on both devices' channels, present iff the producer is
+        there and a consumer on the destination; consumers there wait for its end."""
+        model, on, units = self.model, self.on, self.problem.units
+        channel: list[list[Any]] = [[] for _ in range(n_dev)]
+        for i, m in enumerate(messages):
+            unit_a = units.unit_of[m.src]
+            for dd in range(n_dev):
+                takers = [c for c in m.consumers if (units.unit_of[c], dd) in on]
+                if not takers:
+                    continue
+                send = self.sends[i, dd] = model.NewIntVar(0, self.horizon, f"t{i}d{dd}")
+                model.Add(send >= self.end[m.src])
+                for a in allowed[unit_a]:
+                    if a == dd:
+                        continue
+                    present = self.sent[i, a, dd] = model.NewBoolVar(f"p{i}a{a}d{dd}")
+                    size = self.ticks(m.delays[a, dd])
+                    interval = model.NewOptionalFixedSizeIntervalVar(send, size, present,
+                                                                     f"m{i}a{a}d{dd}")
+                    channel[a].append(interval)
+                    channel[dd].append(interval)
+                    model.AddImplication(present, on[unit_a, a])
+                    model.AddBoolOr([on[units.unit_of[c], dd] for c in takers]).OnlyEnforceIf(
+                        present)
+                    for c in takers:
+                        there = on[units.unit_of[c], dd]
+                        model.AddBoolOr([on[unit_a, a].Not(), there.Not(), present])
+                        model.Add(self.start[c] >= send + size).OnlyEnforceIf(
+                            [on[unit_a, a], there])
+        for intervals in channel:
+            model.AddNoOverlap(intervals)
+
+    def add_hint(self, hint: Assignment, run: Simulation) -> None:
+        """Warm start from the hint plan's placement, its replayed times and transfers."""
+        problem, model = self.problem, self.model
+        label = _labels(problem, hint.device_of) if self.symmetric else \
+            list(range(len(problem.cluster.devices)))
+        for (u, d), var in self.on.items():
+            model.AddHint(var, label[hint.device_of[problem.units.members[u][0]]] == d)
+        for v in range(len(problem.graph)):
+            model.AddHint(self.start[v], self.ticks(run.start[v]))
+            model.AddHint(self.end[v], self.ticks(run.end[v]))
+        if not self.channels:
+            return
+        index = {m.key: i for i, m in enumerate(self.messages)}
+        sent_at: dict[tuple[int, int], tuple[int, float]] = {}
+        t = run.transfers
+        for j in range(len(t)):
+            key = (t.src_op[j], None if t.control[j] else t.tensor[j], t.nbytes[j])
+            if key in index:
+                sent_at[index[key], label[t.dst_device[j]]] = (label[t.src_device[j]],
+                                                                t.start[j])
+        for (i, dd), var in self.sends.items():
+            a, at = sent_at.get((i, dd), (-1, run.end[self.messages[i].src]))
+            model.AddHint(var, self.ticks(at))
+        for (i, a, dd), var in self.sent.items():
+            model.AddHint(var, sent_at.get((i, dd), (-1, 0.0))[0] == a)
+
+    def plan(self, solver: cp_model.CpSolver) -> tuple[list[int], list[list[int]]]:
+        """The solution's device per op and each device's order (by start, end, topology)."""
+        problem = self.problem
+        n = len(problem.graph)
+        device_of = [-1] * n
+        for (u, d), var in self.on.items():
+            if solver.Value(var):
+                for v in problem.units.members[u]:
+                    device_of[v] = d
+        position = problem.graph.topo_position
+        orders: list[list[int]] = [[] for _ in problem.cluster.devices]
+        for v in sorted(range(n), key=lambda v: (solver.Value(self.start[v]),
+                                                 solver.Value(self.end[v]), position[v])):
+            orders[device_of[v]].append(v)
+        return device_of, orders
 
 
 def _etf_hint(problem: Problem) -> Assignment | None:
@@ -215,20 +350,40 @@ def _etf_hint(problem: Problem) -> Assignment | None:
         return None
 
 
-def _unit_edges(
-    problem: Problem, cost: CostModel
-) -> list[tuple[int, int, int, int, dict[tuple[int, int], float]]]:
-    """(src op, dst op, src unit, dst unit, transfer µs per device pair) per op pair, parallel
-    edges merged (the consumer waits for the slowest of their messages)."""
+def _messages(problem: Problem, cost: CostModel) -> tuple[list[Message], bool]:
+    """Every message and whether each one's edges all cost the same (else a message costs its
+    cheapest edge: a relaxation, since the simulator sends the first one booked).
+
+    A message's consumers are the ops in other units that read it; its delay per device
+    pair is the transfer time of its edges there."""
     graph, unit_of = problem.graph, problem.units.unit_of
     n_dev = len(problem.cluster.devices)
     pairs = [(a, b) for a in range(n_dev) for b in range(n_dev) if a != b]
-    worst: dict[tuple[int, int], dict[tuple[int, int], float]] = {}
+    found: dict[tuple[Any, ...], Message] = {}
+    uniform = True
     for k in range(graph.num_edges):
-        delays = worst.setdefault((graph.edge_src[k], graph.edge_dst[k]), {})
-        for a, b in pairs:
-            delays[a, b] = max(delays.get((a, b), 0.0), cost.transfer_us(k, a, b))
-    return [(s, t, unit_of[s], unit_of[t], delays) for (s, t), delays in worst.items()]
+        src, dst = graph.edge_src[k], graph.edge_dst[k]
+        if unit_of[src] == unit_of[dst]:
+            continue
+        key = cost.transfer_key(k, 0)
+        key = (key[0], *key[2:])
+        delays = {pair: cost.transfer_us(k, *pair) for pair in pairs}
+        m = found.get(key)
+        if m is None:
+            found[key] = Message(key, src, [dst], delays)
+            continue
+        if dst not in m.consumers:
+            m.consumers.append(dst)
+        if delays != m.delays:
+            uniform = False
+            m.delays = {pair: min(m.delays[pair], delays[pair]) for pair in pairs}
+    return list(found.values()), uniform
+
+
+def _channel_intervals(messages: list[Message], allowed: list[list[int]]) -> int:
+    """An upper bound of the channel model's optional intervals."""
+    n_dev = max((max(a, default=0) for a in allowed), default=0) + 1
+    return len(messages) * n_dev * max(n_dev - 1, 0)
 
 
 def _same_device(model: cp_model.CpModel, on: dict[tuple[int, int], Any],
@@ -278,19 +433,22 @@ def _break_symmetry(model: cp_model.CpModel, on: dict[tuple[int, int], Any], n_u
         used = highest
 
 
-def _relabel(problem: Problem, device_of: list[int]) -> list[int]:
-    """The same placement with devices numbered in the order units first use them."""
+def _labels(problem: Problem, device_of: list[int]) -> list[int]:
+    """Device → its number when devices are numbered in the order units first use them
+    (unused devices after, in cluster order)."""
     label: dict[int, int] = {}
     for members in problem.units.members:
         label.setdefault(device_of[members[0]], len(label))
-    return [label[d] for d in device_of]
+    for d in range(len(problem.cluster.devices)):
+        label.setdefault(d, len(label))
+    return [label[d] for d in range(len(problem.cluster.devices))]
 
 
-def _horizon_us(problem: Problem, cost: CostModel, hint: Assignment | None) -> float:
-    """An upper bound on the optimal makespan: the hint's replay, else everything serialised."""
-    if hint is not None:
-        return replay(problem.graph, problem.cluster, hint.device_of, hint.orders,
-                      cost).estimate.step_time_us
+def _horizon_us(problem: Problem, cost: CostModel, hint_run: Simulation | None) -> float:
+    """An upper bound on the optimal makespan: the hint's replay, else everything serialised
+    (every op at its slowest, every message sent one after another)."""
+    if hint_run is not None:
+        return hint_run.estimate.step_time_us
     graph, n_dev = problem.graph, len(problem.cluster.devices)
     slowest = sum(max((t for d in range(n_dev) if math.isfinite(t := cost.op_us[d][v])),
                       default=0.0) for v in range(len(graph)))
@@ -298,6 +456,13 @@ def _horizon_us(problem: Problem, cost: CostModel, hint: Assignment | None) -> f
                          for b in range(n_dev) if a != b), default=0.0)
                     for k in range(graph.num_edges))
     return slowest + transfers
+
+
+def _least_ticks(floor_us: float, scale: int, rounding: float) -> int:
+    """The least makespan in ticks that ``floor_us`` (a bound of every plan) allows: rounded
+    up when every time is whole in ticks (a step time is then a whole number of them)."""
+    least = floor_us * scale / (1 + rounding)
+    return math.floor(least) if rounding else math.ceil(least * (1 - FLOAT_SLACK))
 
 
 def _scale(times: list[float], horizon_us: float) -> tuple[int, float]:
@@ -316,19 +481,6 @@ def _scale(times: list[float], horizon_us: float) -> tuple[int, float]:
     while scale < limit and error(scale):
         scale *= 10
     return scale, error(scale)
-
-
-def _add_hint(model: cp_model.CpModel, problem: Problem, cost: CostModel, hint: Assignment,
-              on: dict[tuple[int, int], Any], start: list[Any], end: list[Any],
-              ticks: Any, symmetric: bool) -> None:
-    """Warm start from the hint plan's placement and its replayed times."""
-    simulation = replay(problem.graph, problem.cluster, hint.device_of, hint.orders, cost)
-    device_of = _relabel(problem, hint.device_of) if symmetric else hint.device_of
-    for (u, d), var in on.items():
-        model.AddHint(var, device_of[problem.units.members[u][0]] == d)
-    for v in range(len(problem.graph)):
-        model.AddHint(start[v], ticks(simulation.start[v]))
-        model.AddHint(end[v], ticks(simulation.end[v]))
 
 
 __all__ = ["EXACT_MAX_OPS", "place_exact"]

@@ -1,0 +1,260 @@
+"""Small graphs with communication whose optima can be proved, and a brute force to check them.
+
+The generators are pure functions of a seed: the same arguments give the same document. Times
+are whole microseconds and the cluster's network costs one µs per byte with no latency
+(``bandwidth_gbps`` 0.001), so every op and transfer time is an integer and ``exact`` needs no
+rounding. CCR (communication to computation ratio) is the mean transfer time of an edge over
+the mean compute time of an op.
+
+Shapes (10–40 ops is the intended range):
+
+- :func:`layered`: layers of random width, each op fed by one to three ops of the layer
+  before (and sometimes of the one before that);
+- :func:`fork_join`: stages of a fork, parallel branches (chains of one to three ops) and a
+  join;
+- :func:`skip_connections`: a ResNet-like chain whose ops also feed ops two or three steps
+  ahead, with side ops hanging off the chain.
+
+:func:`small_cases` lists a benchmark set (every shape × CCR × device count), and
+:func:`brute_force` finds the best step time of any plan on a tiny graph by enumerating
+every placement and every consistent order, replayed by the simulator.
+
+Examples
+--------
+>>> from baechi import load_graph
+>>> doc = fork_join(seed=1, ops=12, ccr=1.0)
+>>> g = load_graph(doc)
+>>> len(g), doc == fork_join(seed=1, ops=12, ccr=1.0)
+(12, True)
+>>> small_cluster(2)["network"]
+{'latency_us': 0, 'bandwidth_gbps': 0.001, 'mode': 'parallel'}
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from baechi.cluster import Cluster
+from baechi.graph import Graph
+from baechi.grouping import Units
+from baechi.simulate import replay
+
+#: Shapes :func:`small_cases` draws from.
+SHAPES = ("layered", "fork_join", "skip_connections")
+
+#: CCRs :func:`small_cases` draws from.
+CCRS = (0.1, 0.5, 1.0, 3.0, 10.0)
+
+#: Device counts :func:`small_cases` draws from.
+DEVICE_COUNTS = (2, 3, 4)
+
+#: Compute times are drawn from this range (µs, whole).
+COMPUTE_US = (1, 20)
+
+
+def small_cluster(devices: int, mode: str = "parallel",
+                  memory_bytes: int | None = None) -> dict[str, Any]:
+    """A cluster document of ``devices`` identical devices whose links cost 1 µs per byte.
+
+    ``mode`` ``"parallel"`` (the default) is where ``exact``'s model is the simulator's.
+    """
+    return {"devices": {"count": devices, "memory_bytes": memory_bytes},
+            "network": {"latency_us": 0, "bandwidth_gbps": 0.001, "mode": mode}}
+
+
+def layered(seed: int, ops: int, ccr: float) -> dict[str, Any]:
+    """A layered graph of ``ops`` ops (layers 1–4 wide), each op fed by 1–3 ops of the
+    previous layer and now and then by one of the layer before that."""
+    rng = random.Random(f"layered/{seed}/{ops}/{ccr}")
+    layers: list[list[int]] = []
+    left = ops
+    while left:
+        width = min(left, rng.randint(1, 4))
+        first = ops - left
+        layers.append(list(range(first, first + width)))
+        left -= width
+    edges: list[tuple[int, int]] = []
+    for i, layer in enumerate(layers[1:], start=1):
+        for v in layer:
+            for u in rng.sample(layers[i - 1], rng.randint(1, min(3, len(layers[i - 1])))):
+                edges.append((u, v))
+            if i >= 2 and rng.random() < 0.2:
+                edges.append((rng.choice(layers[i - 2]), v))
+    return _document(f"layered_s{seed}_n{ops}_ccr{ccr:g}", rng, ops, edges, ccr)
+
+
+def fork_join(seed: int, ops: int, ccr: float) -> dict[str, Any]:
+    """Stages of fork → 2–4 parallel branches (chains of 1–3 ops) → join, ``ops`` ops in all
+    (the last stage is cut short to fit)."""
+    rng = random.Random(f"fork_join/{seed}/{ops}/{ccr}")
+    edges: list[tuple[int, int]] = []
+    count = 1  # op 0 is the first fork
+    fork = 0
+    while count < ops:
+        tails = []
+        for _ in range(rng.randint(2, 4)):
+            prev = fork
+            for _ in range(rng.randint(1, 3)):
+                if count >= ops - 1:
+                    break
+                edges.append((prev, count))
+                prev, count = count, count + 1
+            if prev != fork:
+                tails.append(prev)
+        join = count
+        count += 1
+        edges.extend((t, join) for t in tails or [fork])
+        fork = join
+    return _document(f"fork_join_s{seed}_n{ops}_ccr{ccr:g}", rng, ops, edges, ccr)
+
+
+def skip_connections(seed: int, ops: int, ccr: float) -> dict[str, Any]:
+    """A chain of about two thirds of ``ops``, each chain op also feeding the op two or three
+    steps ahead (skip connections) now and then; the other ops hang off the chain (a side
+    op reads one chain op and feeds a later one)."""
+    rng = random.Random(f"skip_connections/{seed}/{ops}/{ccr}")
+    chain_len = max(2, (2 * ops) // 3)
+    chain = list(range(chain_len))
+    edges = [(a, a + 1) for a in chain[:-1]]
+    for a in chain:
+        for jump in (2, 3):
+            if a + jump < chain_len and rng.random() < 0.35:
+                edges.append((a, a + jump))
+    for side in range(chain_len, ops):
+        a = rng.randrange(chain_len - 1)
+        b = rng.randrange(a + 1, min(chain_len, a + 4))
+        edges.extend([(a, side), (side, b)])
+    return _document(f"skip_s{seed}_n{ops}_ccr{ccr:g}", rng, ops, edges, ccr)
+
+
+GENERATORS = {"layered": layered, "fork_join": fork_join, "skip_connections": skip_connections}
+
+
+def _document(name: str, rng: random.Random, ops: int, edges: list[tuple[int, int]],
+              ccr: float) -> dict[str, Any]:
+    """The graph document: whole compute times in :data:`COMPUTE_US`, each edge's bytes (= its
+    µs on :func:`small_cluster`'s links) about ``ccr`` × the mean compute time."""
+    low, high = COMPUTE_US
+    compute = [rng.randint(low, high) for _ in range(ops)]
+    mean = sum(compute) / ops
+    unique = sorted(set(edges))
+    sizes = [max(0, round(ccr * mean * rng.uniform(0.5, 1.5))) for _ in unique]
+    return {
+        "format": "baechi.graph/v1",
+        "name": name,
+        "meta": {"source": "baechi.testing", "ccr": ccr},
+        "ops": [{"name": f"op{v}", "compute_us": compute[v], "output_bytes": 0}
+                for v in range(ops)],
+        "edges": [{"src": f"op{a}", "dst": f"op{b}", "bytes": size}
+                  for (a, b), size in zip(unique, sizes, strict=True)],
+    }
+
+
+@dataclass(frozen=True)
+class SmallCase:
+    """One benchmark case: a graph document and a cluster document."""
+
+    name: str
+    shape: str
+    ccr: float
+    devices: int
+    graph: dict[str, Any]
+    cluster: dict[str, Any]
+
+
+def small_cases(seeds: int = 2, ops: tuple[int, ...] = (10, 20, 30, 40),
+                mode: str = "parallel") -> Iterator[SmallCase]:
+    """Every shape × CCR × device count × op count, ``seeds`` graphs each (seeds 0, 1, …).
+
+    Examples
+    --------
+    >>> len(list(small_cases(seeds=1, ops=(10,))))
+    45
+    """
+    for shape, ccr, devices, n, seed in itertools.product(
+            SHAPES, CCRS, DEVICE_COUNTS, ops, range(seeds)):
+        graph = GENERATORS[shape](seed, n, ccr)
+        yield SmallCase(f"{graph['name']}_d{devices}", shape, ccr, devices, graph,
+                        small_cluster(devices, mode))
+
+
+def linear_extensions(graph: Graph) -> Iterator[list[int]]:
+    """Every topological order of ``graph`` (exponential: tiny graphs only)."""
+    n = len(graph)
+    indegree = [len(graph.in_edges[v]) for v in range(n)]
+    order: list[int] = []
+
+    def extend() -> Iterator[list[int]]:
+        if len(order) == n:
+            yield list(order)
+            return
+        for v in range(n):
+            if indegree[v] == 0:
+                indegree[v] = -1
+                for k in graph.out_edges[v]:
+                    indegree[graph.edge_dst[k]] -= 1
+                order.append(v)
+                yield from extend()
+                order.pop()
+                for k in graph.out_edges[v]:
+                    indegree[graph.edge_dst[k]] += 1
+                indegree[v] = 0
+
+    yield from extend()
+
+
+def brute_force(graph: Graph, cluster: Cluster, units: Units,
+                max_plans: int = 200_000) -> tuple[float, list[int], list[list[int]]]:
+    """The least step time of any plan within memory, by enumeration: every placement of the
+    units (on devices their pins allow) × every consistent set of device orders, each replayed
+    by the simulator. Returns (step µs, device_of, orders) of a best plan; ``inf`` and empty
+    lists when no plan fits.
+
+    Every consistent set of device orders is the projection of some topological order of the
+    graph (the graph's edges plus the device chains are acyclic, so they have one), so the
+    projections of all topological orders are all the plans. Raises ``ValueError`` when the
+    enumeration would exceed ``max_plans`` placements × topological orders.
+    """
+    n_dev = len(cluster.devices)
+    choices = [[units.pin[u]] if units.pin[u] >= 0 else list(range(n_dev))
+               for u in range(len(units))]
+    orders_all = list(itertools.islice(linear_extensions(graph), max_plans + 1))
+    placements = math.prod(len(c) for c in choices)
+    if placements * len(orders_all) > max_plans:
+        raise ValueError(f"brute force: {placements} placements × {len(orders_all)}+ "
+                         f"orders exceed {max_plans} plans")
+    best: tuple[float, list[int], list[list[int]]] = (math.inf, [], [])
+    for unit_devices in itertools.product(*choices):
+        device_of = [unit_devices[units.unit_of[v]] for v in range(len(graph))]
+        seen: set[tuple[tuple[int, ...], ...]] = set()
+        for topo in orders_all:
+            orders = tuple(tuple(v for v in topo if device_of[v] == d) for d in range(n_dev))
+            if orders in seen:
+                continue
+            seen.add(orders)
+            plan_orders = [list(o) for o in orders]
+            estimate = replay(graph, cluster, device_of, plan_orders).estimate
+            if estimate.memory_ok and estimate.step_time_us < best[0]:
+                best = (estimate.step_time_us, device_of, plan_orders)
+    return best
+
+
+__all__ = [
+    "CCRS",
+    "DEVICE_COUNTS",
+    "GENERATORS",
+    "SHAPES",
+    "SmallCase",
+    "brute_force",
+    "fork_join",
+    "layered",
+    "linear_extensions",
+    "skip_connections",
+    "small_cases",
+    "small_cluster",
+]
