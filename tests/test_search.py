@@ -18,6 +18,7 @@ from helpers import edge, graph_doc, op
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_algorithms import clusters, dags
+from test_hetero import _hetero_graphs
 
 from baechi import Cluster, InfeasiblePlacement, load_graph, place
 from baechi.errors import InvalidPlan
@@ -352,3 +353,38 @@ def test_first_difference_and_common_suffix(a: list[int], b: list[int], prefix: 
     while common < min(len(a), len(b)) and a[-1 - common] == b[-1 - common]:
         common += 1
     assert _common_suffix(a, b) == common
+
+
+@SETTINGS
+@given(doc=_hetero_graphs(), seed=st.integers(0, 2**16), mode=st.sampled_from(
+    ["sequential", "parallel"]))
+def test_heterogeneous_clusters(doc: dict, seed: int, mode: str) -> None:
+    """Device kinds (ops that cannot run on one), per-pair links and measured transfer times:
+    the evaluator agrees with the simulator and no op is moved where it cannot run."""
+    cluster = Cluster.parse({
+        "devices": [{"name": "g0"}, {"name": "g1", "speed": 2.0},
+                    {"name": "c0", "kind": "cpu", "host": True}],
+        "network": {"latency_us": 2, "bandwidth_gbps": 1, "mode": mode,
+                    "links": [{"devices": ["g0", "g1"], "bandwidth_gbps": 50}]}})
+    graph = load_graph(doc)
+    try:
+        plan = place(graph, cluster, "m-etf", {"allow_single": False, "co_placement": False,
+                                              "fusion": False})
+    except InfeasiblePlacement:
+        return  # some unit can run nowhere
+    start = index_plan(graph, plan, cluster)
+    units = colocation_units(graph, cluster)
+    result = improve(graph, cluster, *start, units=units,
+                     deadline=time.perf_counter() + 0.05, seed=seed)
+    assert "disagree" not in result[2].note
+    check_improved(graph, cluster, units, start, result)  # check_constraints checks kinds
+    evaluator = PlanEvaluator(graph, cluster)
+    rng = random.Random(seed)
+    device_of = list(result[0])
+    for members in units.members:  # a random plan where every unit can run
+        d = rng.choice(evaluator.cost.devices_for(members))
+        for op_ in members:
+            device_of[op_] = d
+    orders = [[o for o in graph.topo if device_of[o] == d] for d in range(3)]
+    assert evaluator.run(device_of, orders).end == replay(graph, cluster, device_of,
+                                                          orders).end
