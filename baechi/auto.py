@@ -6,7 +6,8 @@ wins, so ``auto`` is never slower than any candidate it ran):
 1. The candidates of :data:`PORTFOLIO`, cheapest first: m-ETF with the reduction pipeline
    (the first plan, as fast as m-ETF alone), m-ETF on the unreduced graph (the pipeline fuses
    away the parallelism of small graphs), m-TOPO both ways, m-SCT both ways (graphs up to
-   :data:`SCT_MAX_OPS` ops: its LP grows super-linearly), m-fill (memory first), and
+   :data:`SCT_MAX_OPS` ops: its LP grows super-linearly), m-fill (memory first) both ways,
+   and
    ``exact`` (CP-SAT, at most :data:`EXACT_MAX_S` seconds): on the graph itself when it has
    at most :data:`~baechi.algorithms.exact.EXACT_MAX_OPS` ops, hinted with the best plan so
    far; else on graphs the pipeline reduces to :data:`EXACT_MAX_NODES` nodes or fewer,
@@ -101,6 +102,7 @@ PORTFOLIO: tuple[Entry, ...] = (
     Entry("m-sct", True, max_ops=SCT_MAX_OPS),
     Entry("m-sct", False, max_ops=SCT_MAX_OPS),
     Entry("m-fill", False, last_resort=True),
+    Entry("m-fill", True, last_resort=True),
     Entry("exact", False, max_ops=EXACT_MAX_OPS, max_seconds=EXACT_MAX_S, hinted=True),
     Entry("exact", True, min_ops=EXACT_MAX_OPS + 1, max_nodes=EXACT_MAX_NODES,
           max_seconds=EXACT_MAX_S, hinted=True),

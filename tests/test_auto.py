@@ -25,8 +25,10 @@ from baechi.simulate import single_device_run
 ROOT = Path(__file__).resolve().parents[1]
 GNMT = ROOT.parent / "shared" / "graphs" / "baechi" / "gnmt_baechi.json"
 
-#: The named algorithms ``auto`` runs (the others, if any, it cannot be compared with).
-IN_PORTFOLIO = sorted({e.algorithm for e in PORTFOLIO} & set(ALGORITHMS) | {"single"})
+#: The named algorithms ``auto`` runs, but ``exact``: its plan depends on the time it is
+#: given (tests/test_exact.py covers it), the heuristics' plans do not.
+IN_PORTFOLIO = sorted({e.algorithm for e in PORTFOLIO} & set(ALGORITHMS) - {"exact"}
+                      | {"single"})
 
 
 def test_auto_is_the_default() -> None:
@@ -38,10 +40,12 @@ def test_auto_is_the_default() -> None:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(doc=dags(), cluster=clusters())
 def test_auto_is_never_worse_than_a_named_algorithm(doc: dict, cluster: dict) -> None:
-    """Every named algorithm of the portfolio, with and without the pipeline, and the
-    single-device plan: ``auto``'s plan is at least as fast as each of them."""
+    """Every named heuristic of the portfolio, with and without the pipeline, and the
+    single-device plan: ``auto``'s plan is at least as fast as each of them. (The
+    heuristics take milliseconds here: all of them run well within the 2 s; ``exact`` and
+    local search use the rest.)"""
     try:
-        plan = place(doc, cluster, "auto", {"time_limit_s": 60})
+        plan = place(doc, cluster, "auto", {"time_limit_s": 2})
     except InfeasiblePlacement:
         plan = None
     for algorithm in IN_PORTFOLIO:
