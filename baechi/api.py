@@ -133,7 +133,8 @@ def _place_named(request: Request, algorithm: str) -> _Result:
         last = i == len(attempts) - 1
         if i and request.expired() and not last:
             continue  # past the deadline only the last resort (m-fill) still runs
-        run = run_algorithm(request, name, attempt_options)
+        # the first placement and the last resort always finish; others stop at the deadline
+        run = run_algorithm(request, name, attempt_options, first=i == 0 or last)
         seconds = add_seconds(seconds, run.seconds)
         retries += run.memory_retries
         if run.simulation is None:

@@ -6,7 +6,8 @@ wins, so ``auto`` is never slower than any candidate it ran):
 1. The candidates of :data:`PORTFOLIO`, cheapest first: m-ETF with the reduction pipeline
    (the first plan, as fast as m-ETF alone), m-ETF on the unreduced graph (the pipeline fuses
    away the parallelism of small graphs), m-TOPO both ways, m-SCT both ways (graphs up to
-   :data:`SCT_MAX_OPS` ops: its LP grows super-linearly), m-fill (memory first), and
+   :data:`SCT_MAX_OPS` ops: its LP grows super-linearly), m-fill (memory first) both ways,
+   and
    ``exact`` (CP-SAT, at most :data:`EXACT_MAX_S` seconds): on the graph itself when it has
    at most :data:`~baechi.algorithms.exact.EXACT_MAX_OPS` ops, hinted with the best plan so
    far; else on graphs the pipeline reduces to :data:`EXACT_MAX_NODES` nodes or fewer,
@@ -101,6 +102,7 @@ PORTFOLIO: tuple[Entry, ...] = (
     Entry("m-sct", True, max_ops=SCT_MAX_OPS),
     Entry("m-sct", False, max_ops=SCT_MAX_OPS),
     Entry("m-fill", False, last_resort=True),
+    Entry("m-fill", True, last_resort=True),
     Entry("exact", False, max_ops=EXACT_MAX_OPS, max_seconds=EXACT_MAX_S, hinted=True),
     Entry("exact", True, min_ops=EXACT_MAX_OPS + 1, max_nodes=EXACT_MAX_NODES,
           max_seconds=EXACT_MAX_S, hinted=True),
@@ -145,14 +147,17 @@ def place_auto(request: Request) -> Outcome:
     entries = [e for e in PORTFOLIO if e.algorithm in ALGORITHMS and len(graph) >= e.min_ops
                and (e.max_ops is None or len(graph) <= e.max_ops)]
     for i, entry in enumerate(entries):
-        if request.expired() and (best is not None or not entry.last_resort):
+        # the first candidate always runs; past the deadline, only a last resort while
+        # there is no plan
+        if runs and request.expired() and (best is not None or not entry.last_resort):
             deadline_reached = True
             continue
         if best is not None and _meets(best, _bound(request, runs)):
             break
         report("auto", i / (len(entries) + 2))
         tick = time.perf_counter()
-        run = _run_entry(request, entry, runs)
+        run = _run_entry(request, entry, runs, first=best is None and (
+            not runs or entry.last_resort))
         if run is None:
             continue
         runs.append(run)
@@ -169,7 +174,9 @@ def place_auto(request: Request) -> Outcome:
         if best is None or single.estimate.step_time_us < best.simulation.estimate.step_time_us:
             best = Run("single", request.options.without_pipeline(), unreduced(request), single)
     if best is None:
-        error = next(r.error for r in runs if r.error is not None)
+        errors = [r.error for r in runs if r.error is not None]
+        # the first candidate's reason, unless it only says that time ran out
+        error = next((e for e in errors if not e.details.get("deadline_reached")), errors[0])
         message = f"{error.message} (no algorithm of the portfolio found one)"
         raise InfeasiblePlacement(message, error.details)
     assert best.simulation is not None
@@ -187,7 +194,7 @@ def place_auto(request: Request) -> Outcome:
     return Outcome(best, simulation, candidates, chosen, seconds, deadline_reached, bound_us)
 
 
-def _run_entry(request: Request, entry: Entry, runs: list[Run]) -> Run | None:
+def _run_entry(request: Request, entry: Entry, runs: list[Run], *, first: bool) -> Run | None:
     """Run one entry; ``None`` when it does not apply (too many nodes after reduction)."""
     options = request.options if entry.pipeline else request.options.without_pipeline()
     if entry.max_seconds is not None and entry.max_seconds < options.time_limit_s:
@@ -206,7 +213,7 @@ def _run_entry(request: Request, entry: Entry, runs: list[Run]) -> Run | None:
         fitting = [r for r in same if r.simulation is not None and r.assignment is not None]
         if fitting:
             hint = min(fitting, key=lambda r: r.simulation.estimate.step_time_us).assignment
-    return run_algorithm(request, entry.algorithm, options, hint=hint)
+    return run_algorithm(request, entry.algorithm, options, hint=hint, first=first)
 
 
 def _faster(run: Run, best: Run) -> bool:

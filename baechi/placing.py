@@ -12,6 +12,7 @@ plan, its figures and its seconds per phase.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,13 +108,16 @@ def add_seconds(total: dict[str, float], more: dict[str, float]) -> dict[str, fl
 
 
 def run_algorithm(
-    request: Request, algorithm: str, options: Options, hint: Assignment | None = None
+    request: Request, algorithm: str, options: Options, hint: Assignment | None = None,
+    *, first: bool = False,
 ) -> Run:
     """Reduce, place with ``algorithm``, expand and replay; re-place with tighter budgets
     while the plan overshoots memory (at most :data:`MEMORY_RETRIES` times, none started
     after the deadline). The placer's time limit is what is left until the deadline.
 
-    ``hint`` (an assignment of the same reduction) is passed as ``Problem.hint``.
+    ``hint`` (an assignment of the same reduction) is passed as ``Problem.hint``. The placer
+    stops at the deadline (``Problem.deadline``), except the ``first`` run of a request,
+    whose first placement always completes so that a request has a plan to return.
 
     Returns a :class:`Run` whose ``simulation`` fits every device, or whose ``error`` says
     by how much the last plan did not.
@@ -124,15 +128,21 @@ def run_algorithm(
     extra: dict[str, Any] = {} if hint is None else {"hint": hint}
     problem = Problem.of(
         reduction.graph, cluster, reduction.units,
-        time_limit_s=_time_limit(request, options), progress=request.progress, **extra,
+        time_limit_s=_time_limit(request, options), progress=request.progress,
+        deadline=math.inf if first else request.deadline, **extra,
     )
     place_fn = get_algorithm(algorithm)
+    over_error: InfeasiblePlacement | None = None  # why the last plan was refused
     for attempt in range(MEMORY_RETRIES + 1):
         tick = time.perf_counter()
         try:
             assignment = place_fn(problem)
         except InfeasiblePlacement as exc:
             seconds["place"] = seconds.get("place", 0.0) + time.perf_counter() - tick
+            if exc.details.get("deadline_reached"):
+                # a retry cut short says less than the overshoot that caused it
+                exc = over_error or InfeasiblePlacement(f"{algorithm}: {exc.message}",
+                                                        exc.details)
             return Run(algorithm, options, reduction, None, exc, attempt, {}, seconds)
         seconds["place"] = seconds.get("place", 0.0) + time.perf_counter() - tick
         tick = time.perf_counter()
@@ -143,16 +153,16 @@ def run_algorithm(
         if not over:
             return Run(algorithm, options, reduction, simulation, None, attempt,
                        for_the_request(assignment.stats, reduction), seconds, assignment)
+        over_error = over_limit_error(request, simulation, over, algorithm)
         if attempt == MEMORY_RETRIES or request.expired():
-            return Run(algorithm, options, reduction, None,
-                       over_limit_error(request, simulation, over, algorithm), attempt,
+            return Run(algorithm, options, reduction, None, over_error, attempt,
                        dict(assignment.stats), seconds)
         budget = list(problem.budget)
         for d, excess in over.items():
             # the placer's memory model can be off by more than the overshoot it was told
             limit = cluster.devices[d].memory_bytes or 0
             budget[d] -= max(excess * 1.05, 0.02 * limit)
-        problem = dataclasses.replace(problem, budget=budget,
+        problem = dataclasses.replace(problem, budget=budget, deadline=request.deadline,
                                       time_limit_s=_time_limit(request, options))
         request.progress("place", 0.0)
     raise AssertionError("unreachable")

@@ -9,9 +9,10 @@ from helpers import edge, graph_doc, op, two_devices
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from baechi import InfeasiblePlacement, InvalidRequest, load_graph, place, simulate
+from baechi import Cluster, InfeasiblePlacement, InvalidRequest, load_graph, place, simulate
 from baechi.algorithms import ALGORITHM_NAMES
 from baechi.bounds import running_bytes
+from baechi.simulate import single_device_run
 
 PLACERS = list(ALGORITHM_NAMES)
 
@@ -92,6 +93,10 @@ def test_plans_respect_every_invariant(algorithm: str, doc: dict, cluster: dict,
     except InfeasiblePlacement as exc:
         assert not unlimited, "with unlimited memory a plan always exists"
         assert "bytes" in exc.message
+        # and never when one device holds the whole step (tests/test_auto.py, every option)
+        graph, parsed = load_graph(doc), Cluster.parse(cluster)
+        assert all(single_device_run(graph, parsed, i)[1] > (d.memory_bytes or math.inf)
+                   for i, d in enumerate(parsed.devices))
         return
     check_plan(doc, cluster, plan)
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from conftest import ROOT
 from helpers import edge, graph_doc, op
@@ -72,11 +70,10 @@ def test_json_errors_and_files(tmp_path) -> None:
         load_graph(tmp_path / "missing.json")
 
 
-def test_bundled_graph_loads_fast() -> None:
-    start = time.perf_counter()
+def test_bundled_graph_loads() -> None:
+    # its load time is measured in bench/speed.py
     g = load_graph(ROOT / "examples" / "graphs" / "gnmt_baechi.json")
     assert len(g) == 2494 and g.num_edges == 4505
-    assert time.perf_counter() - start < 5  # generous: timing belongs to bench/
 
 
 def test_sizes_and_clusters() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 from conftest import SHARED, needs_shared
@@ -333,18 +332,14 @@ def test_place_end_to_end_names_every_op(algorithm: str) -> None:
 
 
 @needs_shared
-def test_gnmt_reduces_like_baechi_and_fast() -> None:
+def test_gnmt_reduces_like_baechi() -> None:
+    # its reduction time is measured in bench/speed.py
     g = load_graph(GNMT)
     cluster = Cluster.uniform(4, latency_us=134, bandwidth_gbps=5.701)
-    best = float("inf")
-    for _ in range(3):
-        tick = time.perf_counter()
-        reduction = _reduce(g, cluster)
-        best = min(best, time.perf_counter() - tick)
+    reduction = _reduce(g, cluster)
     counts = {p["phase"]: p for p in reduction.nodes}
     assert counts["grouping"]["units"] == 1617
     assert 500 <= counts["fusion"]["nodes"] <= 650  # Baechi: 576 nodes
-    assert best < 0.5  # ~0.03 s on a quiet 2-core machine; generous for busy CI
     _check_reduction(g, cluster, reduction)
 
 

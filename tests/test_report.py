@@ -12,7 +12,6 @@ import random
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -339,9 +338,7 @@ def test_decimate_keeps_every_peak() -> None:
 def test_large_plan_is_aggregated_and_says_so() -> None:
     graph = chain_graph(20_000)
     plan = round_robin_plan(graph, 4)
-    tick = time.perf_counter()
-    page = render_report(graph, plan)
-    seconds = time.perf_counter() - tick
+    page = render_report(graph, plan)  # its render time is measured in bench/speed.py
     attrs = plot_attrs(page)
     assert attrs["data-ops"] == 20_000
     assert attrs["data-op-bars"] <= MAX_OP_BARS and attrs["data-merged-ops"] > 0
@@ -365,7 +362,6 @@ def test_large_plan_is_aggregated_and_says_so() -> None:
     assert len(ops_detail["rows"]) == 20_000 and ops_detail["rows"][7][0] == "layer0/op7"
     assert transfers_detail["noun"] == "transfers"
     assert len(array(transfers_detail["base"])) == 2 * len(sim.transfers)  # both channels
-    assert seconds < 30  # about 2 s on a 2-core machine (see docs/report.md)
 
 
 @needs_shared

@@ -35,6 +35,10 @@ class Problem:
     cluster: Cluster
     units: Units
     budget: list[float]
+    #: A :func:`time.perf_counter` value after which a placer stops (``math.inf``: never):
+    #: with a plan if it has one, else raising :class:`~baechi.errors.InfeasiblePlacement`
+    #: with ``details["deadline_reached"]``. Solvers also get ``time_limit_s``.
+    deadline: float = math.inf
     time_limit_s: float = 60.0
     progress: Progress = no_progress
     #: A plan to start from (``exact`` warm-starts from it and never returns a slower one).

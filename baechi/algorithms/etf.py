@@ -22,10 +22,15 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from baechi.algorithms.base import Assignment, Problem
+from baechi.errors import InfeasiblePlacement
+
+#: The scheduler looks at the clock once per this many committed ops (``Problem.deadline``).
+DEADLINE_CHECK_OPS = 256
 
 
 def remaining_path(problem: Problem) -> list[float]:
@@ -364,9 +369,14 @@ class ListScheduler:
             if not waiting_inputs[op]:
                 self._offer(op)
         last_device = [-1] * n_dev  # op each device finished last (m-SCT's favourite rule)
+        deadline_step = min(step, DEADLINE_CHECK_OPS)
         for count in range(n):
             if count % step == 0:
                 problem.progress("place", count / n)
+            if count % deadline_step == 0 and time.perf_counter() > problem.deadline:
+                raise InfeasiblePlacement(
+                    f"the request's time limit passed after {count} of {n} ops were "
+                    "scheduled", {"deadline_reached": True})
             choice = self._select(budget, last_device)
             if choice is None:
                 choice = self._force()

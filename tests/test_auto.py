@@ -1,0 +1,189 @@
+"""``auto``: never worse than its candidates, every plan valid and replayed, the deadline
+honoured by every placer, and a plan whenever the whole graph fits on one device."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+from helpers import edge, graph_doc, op
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_algorithms import check_plan, clusters, dags
+
+from baechi import Cluster, InfeasiblePlacement, load_graph, place, simulate
+from baechi.algorithms import ALGORITHMS
+from baechi.algorithms.base import Problem
+from baechi.auto import PORTFOLIO
+from baechi.defaults import DEFAULT_ALGORITHM
+from baechi.grouping import colocation_units
+from baechi.simulate import single_device_run
+
+ROOT = Path(__file__).resolve().parents[1]
+GNMT = ROOT.parent / "shared" / "graphs" / "baechi" / "gnmt_baechi.json"
+
+#: The named algorithms ``auto`` runs, but ``exact``: its plan depends on the time it is
+#: given (tests/test_exact.py covers it), the heuristics' plans do not.
+IN_PORTFOLIO = sorted({e.algorithm for e in PORTFOLIO} & set(ALGORITHMS) - {"exact"}
+                      | {"single"})
+
+
+def test_auto_is_the_default() -> None:
+    assert DEFAULT_ALGORITHM == "auto"
+    doc = graph_doc([op("a", 5), op("b", 5)], [edge("a", "b")])
+    assert place(doc, {"devices": {"count": 2}}).request.algorithm == "auto"
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(doc=dags(), cluster=clusters())
+def test_auto_is_never_worse_than_a_named_algorithm(doc: dict, cluster: dict) -> None:
+    """Every named heuristic of the portfolio, with and without the pipeline, and the
+    single-device plan: ``auto``'s plan is at least as fast as each of them. (The
+    heuristics take milliseconds here: all of them run well within the 2 s; ``exact`` and
+    local search use the rest.)"""
+    try:
+        plan = place(doc, cluster, "auto", {"time_limit_s": 2})
+    except InfeasiblePlacement:
+        plan = None
+    for algorithm in IN_PORTFOLIO:
+        for pipeline in (True, False):
+            options = {"co_placement": pipeline, "fusion": pipeline}
+            try:
+                named = place(doc, cluster, algorithm, options)
+            except InfeasiblePlacement:
+                continue
+            assert plan is not None, f"{algorithm} found a plan, auto did not"
+            # up to the rounding of float sums (a plan can end 1 ulp below the lower bound)
+            assert plan.estimate.step_time_us <= named.estimate.step_time_us * (1 + 1e-12), (
+                algorithm, pipeline)
+    if plan is None:
+        return
+    check_plan(doc, cluster, plan)
+    stats = plan.stats
+    assert stats.chosen is not None and stats.candidates
+    steps = [c.step_time_us for c in stats.candidates if c.step_time_us is not None]
+    assert plan.estimate.step_time_us == min(steps)
+    if not stats.chosen.local_search:
+        assert any(c.algorithm == stats.chosen.algorithm and c.pipeline == stats.chosen.pipeline
+                   and c.step_time_us == plan.estimate.step_time_us for c in stats.candidates)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(doc=dags(), cluster=clusters(), algorithm=st.sampled_from(["auto", *ALGORITHMS]),
+       pipeline=st.booleans())
+def test_a_plan_whenever_the_whole_graph_fits_on_one_device(
+    doc: dict, cluster: dict, algorithm: str, pipeline: bool
+) -> None:
+    """No InfeasiblePlacement when one device holds the whole step (the canonical order's
+    peak fits its memory), whatever the algorithm and options."""
+    graph = load_graph(doc)
+    parsed = Cluster.parse(cluster)
+    fits = any(d.memory_bytes is None or single_device_run(graph, parsed, i)[1] <= d.memory_bytes
+               for i, d in enumerate(parsed.devices))
+    options = {"co_placement": pipeline, "fusion": pipeline, "allow_single": pipeline}
+    try:
+        plan = place(doc, cluster, algorithm, options)
+    except InfeasiblePlacement:
+        assert not fits, "the whole graph fits on one device, yet no plan"
+        return
+    check_plan(doc, cluster, plan)
+
+
+def test_candidates_are_reported_and_the_fastest_kept() -> None:
+    # fork-join with slow links: the lower bound (30 µs) is out of reach, so every candidate
+    # runs; the best plan keeps everything on one device (40 µs)
+    doc = graph_doc([op(n, 10) for n in ("s", "x1", "x2", "t")],
+                    [edge("s", "x1"), edge("s", "x2"), edge("x1", "t"), edge("x2", "t")])
+    plan = place(doc, {"devices": {"count": 2}, "network": {"latency_us": 100}})
+    names = [(c.algorithm, c.pipeline) for c in plan.stats.candidates]
+    assert names[:2] == [("m-etf", True), ("m-etf", False)]
+    assert {"m-topo", "m-sct", "m-fill", "single"} <= {name for name, _ in names}
+    assert plan.estimate.step_time_us == 40.0
+    assert plan.stats.deadline_reached is False
+    assert simulate(doc, plan) == plan.estimate
+
+
+def test_auto_stops_at_the_lower_bound() -> None:
+    """A plan that meets the lower bound is optimal: no other candidate runs after it."""
+    doc = graph_doc([op(f"o{i}", 10) for i in range(4)])  # four independent ops
+    plan = place(doc, {"devices": {"count": 4}}, "auto")
+    assert plan.estimate.step_time_us == plan.estimate.lower_bound_us == 10.0
+    ran = [c.algorithm for c in plan.stats.candidates]
+    assert ran == ["m-etf", "single"]  # the rest skipped, no local search
+
+
+def test_past_the_deadline_auto_returns_its_first_plan() -> None:
+    """With no time left, only the first candidate runs (it always finishes) and the
+    single-device check; the plan says the deadline was reached."""
+    ops = [op(f"{c}{i}", 10, output_bytes=100) for c in "ab" for i in range(4)]
+    edges = [edge(f"{c}{i}", f"{c}{i + 1}", 100) for c in "ab" for i in range(3)]
+    plan = place(graph_doc(ops, edges), {"devices": {"count": 2}}, "auto",
+                 {"time_limit_s": 1e-9})
+    assert [c.algorithm for c in plan.stats.candidates] == ["m-etf", "single"]
+    assert plan.stats.deadline_reached is True
+    check_plan(graph_doc(ops, edges), {"devices": [{"name": f"/GPU:{i}"} for i in range(2)]},
+               plan)
+
+
+@pytest.mark.parametrize("algorithm", ["m-etf", "m-sct"])
+def test_list_schedulers_stop_when_the_deadline_has_passed(algorithm: str) -> None:
+    doc = graph_doc([op(f"o{i}", 10) for i in range(600)],
+                    [edge(f"o{i}", f"o{i + 1}") for i in range(599)])
+    graph = load_graph(doc)
+    cluster = Cluster.uniform(2)
+    units = colocation_units(graph, cluster)
+    passed = Problem.of(graph, cluster, units, deadline=time.perf_counter() - 1)
+    with pytest.raises(InfeasiblePlacement, match="time limit passed") as info:
+        ALGORITHMS[algorithm](passed)
+    assert info.value.details == {"deadline_reached": True}
+    # without a deadline (the default) the same problem is placed
+    assert len(ALGORITHMS[algorithm](Problem.of(graph, cluster, units)).device_of) == 600
+    assert Problem.of(graph, cluster, units).deadline == math.inf
+
+
+def test_retries_stop_at_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A placer whose plans never fit: with time, it is retried with tighter budgets on the
+    reduced and the unreduced graph before m-fill; past the deadline the retries and the
+    unreduced fallback are skipped and m-fill, the last resort, answers at once."""
+    from baechi.algorithms.base import Assignment
+
+    def everything_on_first_device(problem: Problem) -> Assignment:
+        graph = problem.graph
+        return Assignment([0] * len(graph), [list(graph.topo)] + [[] for _ in problem.budget[1:]])
+
+    monkeypatch.setitem(ALGORITHMS, "all-on-0", everything_on_first_device)
+    doc = graph_doc([op(f"o{i}", 10, persistent_bytes=600) for i in range(3)],
+                    [edge("o0", "o1", 10), edge("o1", "o2", 10)])
+    cluster = {"devices": {"count": 3, "memory_bytes": 1000}}
+    with_time = place(doc, cluster, "all-on-0", {"time_limit_s": 60, "allow_single": False})
+    assert with_time.stats.memory_retries == 8  # 4 on the reduced graph, 4 unreduced
+    late = place(doc, cluster, "all-on-0", {"time_limit_s": 1e-9, "allow_single": False})
+    assert late.stats.memory_retries == 0
+    for plan in (with_time, late):
+        assert "placed with m-fill" in (plan.stats.fallback or "")
+        assert plan.estimate.memory_ok
+
+
+@pytest.mark.shared
+def test_ten_thousand_ops_under_tight_memory_answer() -> None:
+    """gnmt_baechi replicated 4 times (9,976 ops) on 4 devices at 1200 MiB: auto answers
+    with a valid plan at least as fast as m-ETF's, within its time limit."""
+    if not GNMT.exists():
+        pytest.skip(f"{GNMT} is absent (the shared graphs)")
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from synthetic import replicate
+
+    doc = replicate(json.loads(GNMT.read_text()), 4)
+    assert len(doc["ops"]) == 9976
+    cluster = {"devices": {"count": 4, "memory_bytes": "1200MiB"},
+               "network": {"latency_us": 134, "bandwidth_gbps": 5.7}}
+    etf = place(doc, cluster, "m-etf")
+    plan = place(doc, cluster, "auto", {"time_limit_s": 3})
+    assert plan.estimate.memory_ok
+    assert plan.estimate.step_time_us <= etf.estimate.step_time_us
+    assert simulate(doc, plan) == plan.estimate
