@@ -28,6 +28,8 @@ from baechi.pipeline import Reduction, reduce_graph
 from baechi.plan import GraphInfo, Plan, PlanRequest
 from baechi.search import improve
 from baechi.simulate import Simulation, replay, single_device_run
+from baechi.throughput import check_objective
+from baechi.throughput_plan import place_for_throughput
 
 #: How many times the placer is re-run with tighter budgets after a plan overshoots memory.
 MEMORY_RETRIES = 4
@@ -60,6 +62,7 @@ def place(
     algorithm: str = DEFAULT_ALGORITHM,
     options: Options | dict[str, Any] | None = None,
     progress: Progress | None = None,
+    objective: str = "step_time",
 ) -> Plan:
     """Place ``graph`` on ``cluster`` and return the simulated plan.
 
@@ -77,6 +80,11 @@ def place(
         Pipeline switches and time limit; every step on by default.
     progress : callable, optional
         ``progress(phase, fraction)``, called a few times per phase.
+    objective : str
+        ``step_time`` (the default: one training step as short as possible) or
+        ``throughput`` (pipelined micro-batches: the busiest device's load as small as
+        possible, DESIGN §10; ``auto`` then runs ``throughput-cpsat``, see
+        :mod:`baechi.throughput_plan`).
 
     Raises
     ------
@@ -98,11 +106,15 @@ def place(
     cluster_json = cluster.to_json() if isinstance(cluster, Cluster) else cluster
     cluster = Cluster.parse(cluster)
     options = Options.parse(options)
+    objective = check_objective(objective)
     if algorithm != AUTO:
-        get_algorithm(algorithm)  # an unknown name fails before any work
+        get_algorithm(algorithm, objective)  # an unknown name fails before any work
     report("validate", 0.0)
     graph = load_graph(graph)
     phases: dict[str, float] = {"validate": time.perf_counter() - started}
+    if objective == "throughput":
+        return place_for_throughput(graph, cluster, cluster_json, algorithm, options, report,
+                                    __version__)
 
     _check_units_fit(graph, cluster, colocation_units(graph, cluster, options.forward_only))
     if algorithm == AUTO:
