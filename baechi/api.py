@@ -33,6 +33,8 @@ from baechi.options import Options
 from baechi.placing import Request, Run, add_seconds, graph_needs, run_algorithm, single_plan
 from baechi.plan import GraphInfo, Plan, PlanRequest, PlanStats
 from baechi.simulate import Simulation
+from baechi.throughput import check_objective
+from baechi.throughput_plan import place_for_throughput
 
 #: The name of the portfolio algorithm (the default, :data:`baechi.defaults.DEFAULT_ALGORITHM`).
 AUTO = "auto"
@@ -55,6 +57,7 @@ def place(
     algorithm: str = DEFAULT_ALGORITHM,
     options: Options | dict[str, Any] | None = None,
     progress: Progress | None = None,
+    objective: str = "step_time",
 ) -> Plan:
     """Place ``graph`` on ``cluster`` and return the simulated plan.
 
@@ -72,6 +75,11 @@ def place(
         Pipeline switches and time limit; every step on by default.
     progress : callable, optional
         ``progress(phase, fraction)``, called a few times per phase.
+    objective : str
+        ``step_time`` (the default: one training step as short as possible) or
+        ``throughput`` (pipelined micro-batches: the busiest device's load as small as
+        possible, DESIGN §10; ``auto`` then runs ``throughput-cpsat``, see
+        :mod:`baechi.throughput_plan`).
 
     Raises
     ------
@@ -93,11 +101,15 @@ def place(
     cluster_json = cluster.to_json() if isinstance(cluster, Cluster) else cluster
     cluster = Cluster.parse(cluster)
     options = Options.parse(options)
+    objective = check_objective(objective)
     if algorithm != AUTO:
-        get_algorithm(algorithm)  # an unknown name fails before any work
+        get_algorithm(algorithm, objective)  # an unknown name fails before any work
     report("validate", 0.0)
     graph = load_graph(graph)
     validate_s = time.perf_counter() - started
+    if objective == "throughput":
+        return place_for_throughput(graph, cluster, cluster_json, algorithm, options, report,
+                                    __version__)
     request = Request.of(graph, cluster, options, started, report)
     _check_units_fit(graph, cluster, request.units)
     if algorithm == AUTO:

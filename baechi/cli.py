@@ -25,6 +25,7 @@ from baechi.errors import InvalidCluster, PlacementError
 from baechi.graph import load_graph
 from baechi.plan import Candidate, Estimate, Plan
 from baechi.simulate import simulate_plan
+from baechi.throughput import OBJECTIVES
 
 #: Modules that add verbs (``register(subparsers)``); skipped when their extra is absent.
 PLUGINS = ("baechi.importers.cli", "baechi.service.cli", "baechi.client.cli")
@@ -150,6 +151,13 @@ def summary(plan: Plan, estimate: Estimate, cluster: Cluster) -> str:
         f"(fits: {'yes' if e.single_device_fits else 'no'})  speedup {speedup:.3f}x",
         "peak memory",
     ]
+    if e.time_per_sample_us is not None:  # the throughput objective (DESIGN §10)
+        optimal = plan.stats.get("optimal")
+        proof = "" if optimal is None else "  (proved optimal)" if optimal else \
+            f"  (best found; bound {_ms(plan.stats.get('bound_us', 0.0))})"
+        loads = ", ".join(f"{name} {_ms(us)}" for name, us in (e.device_load_us or {}).items())
+        lines[-3:-3] = [f"time/sample    {_ms(e.time_per_sample_us)}{proof}",
+                        f"device loads   {loads}"]
     for device in cluster.devices:
         peak = e.peak_memory_bytes.get(device.name, 0)
         over = device.memory_bytes is not None and peak > device.memory_bytes
@@ -187,7 +195,7 @@ def _write_plan(plan: Plan, path: str) -> None:
 def cmd_place(args: argparse.Namespace) -> int:
     cluster_json = cluster_from_args(args)
     graph = load_graph(args.graph)
-    plan = place(graph, cluster_json, args.algorithm, _options(args))
+    plan = place(graph, cluster_json, args.algorithm, _options(args), objective=args.objective)
     assert plan.estimate is not None
     print(summary(plan, plan.estimate, Cluster.parse(cluster_json)))
     if args.output:
@@ -246,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_cluster_arguments(p)
     p.add_argument("--algorithm", "-a", default=DEFAULT_ALGORITHM,
                    choices=ALGORITHM_NAMES)
+    p.add_argument("--objective", default="step_time", choices=OBJECTIVES,
+                   help="minimise one step's time (default) or the time per sample of a "
+                        "pipeline (throughput)")
     p.add_argument("-o", "--output", metavar="PLAN", help="write the plan JSON here")
     p.add_argument("--report", metavar="HTML", help="write the HTML report here")
     p.add_argument("--no-pipeline", action="store_true", help="place the raw graph")

@@ -249,6 +249,7 @@ class BaechiClient:
         cluster: Any,
         algorithm: str = "m-sct",
         options: dict[str, Any] | None = None,
+        objective: str | None = None,
     ) -> Placement:
         """Submit a placement request; return the (queued) :class:`Placement`.
 
@@ -263,6 +264,8 @@ class BaechiClient:
             ``m-sct``, ``m-etf``, ``m-topo``, ``single``, ...
         options : dict, optional
             Pipeline switches and ``time_limit_s`` (DESIGN §3).
+        objective : str, optional
+            ``step_time`` (the server's default) or ``throughput`` (DESIGN §10).
 
         Raises
         ------
@@ -279,6 +282,8 @@ class BaechiClient:
         body["algorithm"] = algorithm
         if options is not None:
             body["options"] = options
+        if objective is not None:
+            body["objective"] = objective
         data = self._transport.json("POST", "/placements", body=_dumps(body))
         if not isinstance(data, dict) or not data.get("id"):
             raise ServerError(f"POST /placements: no placement id in the answer: {data!r:.200}")

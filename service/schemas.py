@@ -72,6 +72,8 @@ class PlacementRequest(BaseModel):
     cluster: ClusterSpec
     algorithm: str = Field(default=DEFAULT_ALGORITHM, description="Placement algorithm.")
     options: Options | None = None
+    objective: Literal["step_time", "throughput"] | None = Field(
+        default=None, description="step_time (default) or throughput (DESIGN §10).")
 
 
 # --------------------------------------------------------------------------- responses

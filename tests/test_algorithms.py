@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from baechi import Cluster, InfeasiblePlacement, InvalidRequest, load_graph, place, simulate
-from baechi.algorithms import ALGORITHM_NAMES
+from baechi.algorithms import ALGORITHMS
 from baechi.bounds import running_bytes
 from baechi.simulate import single_device_run
 
-PLACERS = list(ALGORITHM_NAMES)
+PLACERS = ["auto", *ALGORITHMS]  # the step-time objective's placers
 
 
 @st.composite

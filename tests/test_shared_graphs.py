@@ -9,7 +9,7 @@ import pytest
 from conftest import SHARED, needs_shared
 
 from baechi import InfeasiblePlacement, place, simulate
-from baechi.algorithms import ALGORITHM_NAMES
+from baechi.algorithms import ALGORITHMS
 
 # dnn-partitioning/original/ holds the source files of the conversions, not baechi.graph/v1
 GRAPHS = sorted(p for p in (SHARED / "graphs").rglob("*.json") if "original" not in p.parts)
@@ -22,7 +22,7 @@ def test_shared_graphs_are_found() -> None:
 
 
 @needs_shared
-@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+@pytest.mark.parametrize("algorithm", ["auto", *ALGORITHMS])
 @pytest.mark.parametrize("path", GRAPHS, ids=[p.stem for p in GRAPHS])
 def test_shared_graph_places(path: Path, algorithm: str) -> None:
     doc = json.loads(path.read_text())

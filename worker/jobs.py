@@ -100,7 +100,8 @@ def _place(store: Store, record: PlacementRecord, reporter: ProgressReporter) ->
     graph = baechi.load_graph(document)
     request = record.request
     return baechi.place(graph, request["cluster"], record.algorithm, request.get("options"),
-                        progress=reporter)
+                        progress=reporter,
+                        objective=request.get("objective") or "step_time")
 
 
 def _canceled(store: Store, placement_id: str) -> bool:

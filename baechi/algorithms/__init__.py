@@ -11,6 +11,7 @@ from baechi.algorithms.exact import place_exact
 from baechi.algorithms.fill import place_fill
 from baechi.algorithms.sct import place_sct
 from baechi.algorithms.single import place_single
+from baechi.algorithms.throughput import place_contiguous, place_split
 from baechi.algorithms.topo import place_topo
 from baechi.defaults import DEFAULT_ALGORITHM
 from baechi.errors import InvalidRequest
@@ -25,14 +26,30 @@ ALGORITHMS: dict[str, Algorithm] = {
     "exact": place_exact,
 }
 
+#: The throughput objective's placers (DESIGN §10), for ``objective: "throughput"`` only
+#: (they balance loads and check persistent memory, not one step's peak).
+THROUGHPUT_ALGORITHMS: dict[str, Algorithm] = {
+    "throughput-contiguous": place_contiguous,
+    "throughput-cpsat": place_split,
+}
+
 
 #: Every name a request may give: ``auto`` (the portfolio of :func:`baechi.place`) and each
 #: algorithm of :data:`ALGORITHMS`.
-ALGORITHM_NAMES = ("auto", *ALGORITHMS)
+ALGORITHM_NAMES = ("auto", *ALGORITHMS, *THROUGHPUT_ALGORITHMS)
 
 
-def get_algorithm(name: str) -> Algorithm:
-    """The algorithm called ``name``; :class:`InvalidRequest` lists the known ones."""
+def get_algorithm(name: str, objective: str = "step_time") -> Algorithm:
+    """The algorithm called ``name``; :class:`InvalidRequest` lists the known ones. Every
+    algorithm serves the throughput objective; the throughput placers only that one."""
+    if name in THROUGHPUT_ALGORITHMS:
+        if objective != "throughput":
+            raise InvalidRequest(
+                f"algorithm: {name!r} places for objective 'throughput'; add "
+                f"objective='throughput' or choose one of {', '.join(ALGORITHMS)}",
+                {"field": "algorithm"},
+            )
+        return THROUGHPUT_ALGORITHMS[name]
     try:
         return ALGORITHMS[name]
     except KeyError:
@@ -46,6 +63,7 @@ __all__ = [
     "ALGORITHMS",
     "ALGORITHM_NAMES",
     "DEFAULT_ALGORITHM",
+    "THROUGHPUT_ALGORITHMS",
     "Algorithm",
     "Assignment",
     "Problem",

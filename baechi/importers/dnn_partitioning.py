@@ -7,13 +7,24 @@ Their inputs (``{latency,throughput}-inputs/{Layer,Operator}Graphs/*.json``) loo
                 "isBackwardNode": false, "colorClass": 3, "size": 131325952.0, ...}],
      "edges": [{"sourceId": 3, "destId": 5, "cost": 1.95, "size": 4194304.0}]}
 
-Mapping (the same as ``../shared/graphs/dnn-partitioning``): ``compute_us`` = ``fpgaLatency``
-(ms) × 1000 (``cpuLatency`` when a node has no FPGA latency); a node's ``size`` (its memory on
-the device) → ``persistent_bytes``; ``colorClass`` c → colocation group ``color<c>``;
-``isBackwardNode`` → ``attrs.is_backward``; edge ``bytes`` = the edge's ``size``, one tensor per
-(source, size); ``output_bytes`` = the largest outgoing edge. The edges' ``cost`` is dropped (its
-bandwidth scale differs between files); ``maxFPGAs`` and ``maxSizePerFPGA`` become
-``meta.suggested_devices`` and ``meta.suggested_memory_bytes``.
+Mapping: everything their throughput model needs (issue 10), so that
+:func:`baechi.throughput.throughput_loads` on the import, on :data:`meta.suggested_cluster`,
+reproduces their max-load:
+
+- ``compute_us`` = ``fpgaLatency`` (ms) × 1000 (``cpuLatency`` when a node has no FPGA
+  latency); ``compute_us_by_kind`` = ``{"cpu": cpuLatency × 1000}``, plus ``"gpu": null`` when
+  ``supportedOnFpga`` is false (accelerators are devices of kind ``gpu``);
+- a node's ``size`` (its memory on the device) → ``persistent_bytes``; ``colorClass`` c →
+  colocation group ``color<c>``; ``isBackwardNode`` → ``attrs.is_backward``; ``id`` →
+  ``attrs.id`` (so that splits written in their ids, such as the human-expert files, map back);
+- edge ``bytes`` = the edge's ``size``, ``transfer_us`` = its ``cost`` × 1000; one tensor per
+  source node (their model charges a node's communication once, whatever its consumers), a
+  second edge between the same two nodes a tensor of its own; ``output_bytes`` = the largest
+  outgoing edge;
+- ``maxFPGAs``, ``maxSizePerFPGA`` and ``maxCPUs`` become ``meta.suggested_devices``,
+  ``meta.suggested_memory_bytes`` and ``meta.suggested_cluster``: ``maxFPGAs`` devices
+  ``/GPU:i`` of kind ``gpu`` with ``maxSizePerFPGA`` bytes, ``maxCPUs`` devices ``/CPU:i`` of
+  kind ``cpu`` with ``host: true`` (no memory limit).
 """
 
 from __future__ import annotations
@@ -25,7 +36,9 @@ from baechi.errors import InvalidGraph
 from baechi.importers.common import number, read_json, to_us
 
 FORMAT_NAME = "dnn-partitioning"
-NOTE = "compute_us = fpgaLatency*1000; persistent_bytes = node size; edge bytes = edge size"
+NOTE = ("compute_us = fpgaLatency*1000; compute_us_by_kind.cpu = cpuLatency*1000 (gpu null "
+        "where not supportedOnFpga); persistent_bytes = node size; edge bytes = edge size; "
+        "edge transfer_us = cost*1000; attrs.id = node id")
 _KIND_SUFFIX = {"operatorgraphs": "_operator", "layergraphs": "_layer"}
 
 
@@ -68,6 +81,7 @@ def import_dnn_partitioning(source: str | Path, name: str | None = None) -> dict
 
     edges: list[dict[str, Any]] = []
     largest_out: dict[str, int] = {}
+    pairs: set[tuple[str, str]] = set()
     for k, edge in enumerate(raw_edges):
         where = f"{path}: edges[{k}]"
         if not isinstance(edge, dict):
@@ -79,7 +93,14 @@ def import_dnn_partitioning(source: str | Path, name: str | None = None) -> dict
             ends.append(name_of[edge[field]])
         src, dst = ends
         nbytes = int(number(edge.get("size", 0), where, "size"))
-        edges.append({"src": src, "dst": dst, "bytes": nbytes, "tensor": f"{src}:{nbytes}"})
+        converted: dict[str, Any] = {"src": src, "dst": dst, "bytes": nbytes}
+        if (src, dst) in pairs:  # a second tensor between the same two nodes
+            converted["tensor"] = f"{src}:{k}"
+        pairs.add((src, dst))
+        if "cost" in edge:
+            # unrounded: their model adds these up exactly (costs are often powers of two)
+            converted["transfer_us"] = number(edge["cost"], where, "cost") * 1000.0
+        edges.append(converted)
         largest_out[src] = max(largest_out.get(src, 0), nbytes)
 
     for op in ops:
@@ -92,6 +113,13 @@ def import_dnn_partitioning(source: str | Path, name: str | None = None) -> dict
         meta["suggested_memory_bytes"] = int(
             number(data["maxSizePerFPGA"], str(path), "maxSizePerFPGA")
         )
+    if "maxFPGAs" in data:
+        devices: list[dict[str, Any]] = [
+            {"name": f"/GPU:{i}", "kind": "gpu", "memory_bytes": meta.get("suggested_memory_bytes")}
+            for i in range(meta["suggested_devices"])]
+        cpus = int(number(data.get("maxCPUs", 0), str(path), "maxCPUs"))
+        devices += [{"name": f"/CPU:{i}", "kind": "cpu", "host": True} for i in range(cpus)]
+        meta["suggested_cluster"] = {"devices": devices}
     if name is None:
         name = path.stem.lower() + _KIND_SUFFIX.get(path.parent.name.lower(), "")
     return {"format": "baechi.graph/v1", "name": name, "meta": meta, "ops": ops, "edges": edges}
@@ -103,12 +131,19 @@ def _op(node: dict[str, Any], where: str) -> dict[str, Any]:
     if latency is None:
         latency, field = node.get("cpuLatency", 0), "cpuLatency"
     op: dict[str, Any] = {"name": node["name"], "compute_us": to_us(number(latency, where, field))}
+    by_kind: dict[str, float | None] = {}
+    if node.get("cpuLatency") is not None:
+        by_kind["cpu"] = to_us(number(node["cpuLatency"], where, "cpuLatency"))
+    if "supportedOnFpga" in node and not node["supportedOnFpga"]:
+        by_kind["gpu"] = None
+    if by_kind:
+        op["compute_us_by_kind"] = by_kind
     size = int(number(node.get("size", 0), where, "size"))
     if size:
         op["persistent_bytes"] = size
     if node.get("colorClass") is not None:
         op["colocation_group"] = f"color{node['colorClass']}"
-    op["attrs"] = {"is_backward": bool(node.get("isBackwardNode", False))}
+    op["attrs"] = {"is_backward": bool(node.get("isBackwardNode", False)), "id": node["id"]}
     return op
 
 

@@ -1,0 +1,243 @@
+"""Placement for the throughput objective (DESIGN §10): minimise the busiest device's load.
+
+Both placers solve one integer program with OR-Tools CP-SAT over the graph's units
+(colocation groups and forward pairs, which never split). Variables: ``x[u][d]`` (unit ``u`` on
+device ``d``, only where every op of ``u`` can run), and per tensor crossing units and per
+non-host device ``send``/``recv`` flags with ``send[t][d] >= x[a][d] - x[b][d]`` and
+``recv[t][d] >= x[b][d] - x[a][d]`` for the tensor's source unit ``a`` and each consumer unit
+``b``: a device pays a tensor's transfer once when it sends it and once when it receives it,
+as in :mod:`baechi.throughput`. ``load[d] <= T``, memory per device within its limit; minimise
+``T``. Times are integers in nanoseconds.
+
+- ``throughput-contiguous``: the optimal **contiguous** split (Tarnawski et al.'s DP over
+  ideals solves the same problem): every device takes a stage, a position ``p[d]`` in the
+  pipeline (all different), and every edge between forward ops goes from a stage to the same
+  or a later one, so the stages' prefixes are ideals of the forward graph; backward ops follow
+  their forward ops (they share units). Warm-started from a balanced cut of the canonical
+  order.
+- ``throughput-cpsat``: any split (non-contiguous), warm-started from the contiguous optimum.
+
+Each reports ``stats.optimal`` (the solver proved it), ``stats.bound_us`` (its lower bound on
+the time per sample), ``stats.time_per_sample_us`` and ``stats.solve_seconds``; the time limit
+is the request's ``time_limit_s``. Times in the model use the cost model's nominal transfer time
+(:meth:`~baechi.costmodel.CostModel.nominal_transfer_us`: the edge's ``transfer_us`` or the
+default link); the plan's verdict is always :func:`baechi.throughput.throughput`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from baechi.algorithms.base import Assignment, Problem
+from baechi.errors import InfeasiblePlacement
+from baechi.throughput import is_backward, kept_activation_bytes, tensors, throughput
+
+#: Model times are integer nanoseconds.
+NS_PER_US = 1000
+
+#: Share of the time limit the contiguous solve may use when it only warm-starts the other.
+CONTIGUOUS_SHARE = 0.4
+
+
+def _ns(us: float) -> int:
+    return round(us * NS_PER_US)
+
+
+def place_contiguous(problem: Problem) -> Assignment:
+    """The optimal contiguous split (see the module docstring)."""
+    return _solve(problem, contiguous=True, time_limit_s=problem.time_limit_s, hint=None)
+
+
+def place_split(problem: Problem) -> Assignment:
+    """The best split, contiguous or not, warm-started from the contiguous optimum."""
+    started = time.perf_counter()
+    try:
+        first: Assignment | None = _solve(
+            problem, contiguous=True, time_limit_s=problem.time_limit_s * CONTIGUOUS_SHARE,
+            hint=None)
+    except InfeasiblePlacement:  # no contiguous split (in time): search from the cut
+        first = None
+    left = max(0.5, problem.time_limit_s - (time.perf_counter() - started))
+    second = _solve(problem, contiguous=False, time_limit_s=left,
+                    hint=first.device_of if first is not None else None)
+    best = second
+    if first is not None and first.stats["time_per_sample_us"] < second.stats[
+            "time_per_sample_us"]:
+        best = first
+    best.stats = {**best.stats, "solve_seconds": time.perf_counter() - started,
+                  "contiguous_us": first.stats["time_per_sample_us"] if first else None,
+                  "contiguous_optimal": first.stats["optimal"] if first else False}
+    return best
+
+
+def _balanced_cut(problem: Problem, allowed: list[list[int]]) -> list[int] | None:
+    """A contiguous first guess: the canonical order cut into segments of equal compute, one
+    per device in cluster order (``None`` when a unit's kinds forbid its segment's device)."""
+    graph, units, cost = problem.graph, problem.units, problem.cost
+    devices = [d for d in range(len(problem.cluster.devices))
+               if not problem.cluster.devices[d].host] or [0]
+    total = math.fsum(cost.fastest_us)
+    unit_device = [-1] * len(units)
+    done = 0.0
+    for op in graph.topo:
+        u = units.unit_of[op]
+        if unit_device[u] < 0:
+            index = min(len(devices) - 1, int(done / total * len(devices))) if total else 0
+            unit_device[u] = devices[index]
+            if unit_device[u] not in allowed[u]:
+                return None
+        done += cost.fastest_us[op]
+    return unit_device
+
+
+def _solve(
+    problem: Problem, contiguous: bool, time_limit_s: float, hint: list[int] | None
+) -> Assignment:
+    from ortools.sat.python import cp_model
+
+    started = time.perf_counter()
+    graph, cluster, units, cost = problem.graph, problem.cluster, problem.units, problem.cost
+    devices = cluster.devices
+    n_dev, n_units = len(devices), len(units)
+    allowed = [list(problem.devices_for(u)) for u in range(n_units)]
+    model = cp_model.CpModel()
+    x = [{d: model.NewBoolVar("") for d in allowed[u]} for u in range(n_units)]
+    for u in range(n_units):
+        model.AddExactlyOne(x[u].values())
+    # loads: compute, then communication
+    load_terms: list[list[Any]] = [[] for _ in range(n_dev)]
+    load_coeffs: list[list[int]] = [[] for _ in range(n_dev)]
+    unit_us = [[0.0] * n_dev for _ in range(n_units)]
+    for op in range(len(graph)):
+        u = units.unit_of[op]
+        for d in allowed[u]:
+            unit_us[u][d] += cost.op_us[d][op]
+    for u in range(n_units):
+        for d, var in x[u].items():
+            load_terms[d].append(var)
+            load_coeffs[d].append(_ns(unit_us[u][d]))
+    for (src, _), edges in tensors(graph).items():
+        a = units.unit_of[src]
+        consumers = sorted({units.unit_of[graph.edge_dst[k]] for k in edges} - {a})
+        if not consumers:
+            continue
+        price = _ns(max(cost.nominal_transfer_us(k) for k in edges
+                        if units.unit_of[graph.edge_dst[k]] != a))
+        if price <= 0:
+            continue
+        for d in range(n_dev):
+            if devices[d].host:
+                continue
+            on_a = x[a].get(d)
+            ends = [(b, x[b].get(d)) for b in consumers]
+            if on_a is not None and any(v is not on_a for _, v in ends):
+                send = model.NewBoolVar("")
+                for _, on_b in ends:
+                    model.Add(send >= on_a - on_b if on_b is not None else send >= on_a)
+                load_terms[d].append(send)
+                load_coeffs[d].append(price)
+            if any(v is not None for _, v in ends):
+                recv = model.NewBoolVar("")
+                for _, on_b in ends:
+                    if on_b is not None:
+                        model.Add(recv >= on_b - on_a if on_a is not None else recv >= on_b)
+                load_terms[d].append(recv)
+                load_coeffs[d].append(price)
+    horizon = max((sum(c) for c in load_coeffs), default=0) + 1
+    period = model.NewIntVar(0, horizon, "T")
+    for d in range(n_dev):
+        if load_terms[d]:
+            model.Add(sum(c * v for c, v in zip(load_coeffs[d], load_terms[d], strict=True))
+                      <= period)
+    # memory: persistent bytes, plus kept activations for as many micro-batches as stages
+    kept = kept_activation_bytes(graph)
+    stages = sum(1 for dev in devices if not dev.host) or 1
+    unit_bytes = [0] * n_units
+    for op in range(len(graph)):
+        unit_bytes[units.unit_of[op]] += graph.persistent_bytes[op] + kept[op] * stages
+    for d, dev in enumerate(devices):
+        if dev.memory_bytes is not None:
+            terms = [(unit_bytes[u], x[u][d]) for u in range(n_units) if d in x[u]
+                     and unit_bytes[u]]
+            if terms:
+                model.Add(sum(b * v for b, v in terms) <= dev.memory_bytes)
+    order = _add_stage_order(model, problem, x) if contiguous else None
+    model.Minimize(period)
+    start_guess = hint
+    if start_guess is None:
+        start_guess = _balanced_cut(problem, allowed)
+    else:
+        start_guess = [start_guess[units.members[u][0]] for u in range(n_units)]
+    if start_guess is not None:
+        for u in range(n_units):
+            for d, var in x[u].items():
+                model.AddHint(var, d == start_guess[u])
+        if order is not None:  # the cut's stages follow the cluster order
+            position, stage = order
+            for d in range(n_dev):
+                model.AddHint(position[d], d)
+            for u in range(n_units):
+                model.AddHint(stage[u], start_guess[u])
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.1, time_limit_s - (time.perf_counter()
+                                                                      - started))
+    solver.parameters.num_workers = 2
+    status = solver.Solve(model)
+    name = "throughput-contiguous" if contiguous else "throughput-cpsat"
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        why = "no split fits in memory" if status == cp_model.INFEASIBLE else \
+            f"no split found within {time_limit_s:.3g} s"
+        raise InfeasiblePlacement(f"{name}: {why}", {"status": solver.StatusName(status)})
+    unit_device = [next(d for d, v in x[u].items() if solver.Value(v)) for u in range(n_units)]
+    device_of = [unit_device[units.unit_of[op]] for op in range(len(graph))]
+    orders: list[list[int]] = [[] for _ in range(n_dev)]
+    for op in graph.topo:
+        orders[device_of[op]].append(op)
+    verdict = throughput(graph, cluster, device_of, cost)
+    stats = {
+        "objective": "throughput",
+        "optimal": status == cp_model.OPTIMAL,
+        "bound_us": solver.BestObjectiveBound() / NS_PER_US,
+        "time_per_sample_us": verdict.time_per_sample_us,
+        "solve_seconds": time.perf_counter() - started,
+        "contiguous": contiguous,
+    }
+    return Assignment(device_of, orders, stats)
+
+
+def _add_stage_order(
+    model: Any, problem: Problem, x: list[dict[int, Any]]
+) -> tuple[list[Any], list[Any]]:
+    """Contiguity: each device a distinct stage; forward edges never go to an earlier stage.
+    Returns the position variables of devices and the stage variables of units."""
+    graph, units, cluster = problem.graph, problem.units, problem.cluster
+    n_dev = len(cluster.devices)
+    position = [model.NewIntVar(0, n_dev - 1, "") for _ in range(n_dev)]
+    model.AddAllDifferent(position)
+    # identical devices (same kind, speed, memory, host; no per-pair links) are
+    # interchangeable: keep them in cluster order along the pipeline
+    if not cluster.network.links:
+        seen: dict[tuple[Any, ...], int] = {}
+        for d, dev in enumerate(cluster.devices):
+            key = (dev.kind, dev.speed, dev.memory_bytes, dev.host)
+            if key in seen:
+                model.Add(position[seen[key]] < position[d])
+            seen[key] = d
+    stage = []
+    for u in range(len(units)):
+        p = model.NewIntVar(0, n_dev - 1, "")
+        for d, var in x[u].items():
+            model.Add(p == position[d]).OnlyEnforceIf(var)
+        stage.append(p)
+    pairs = set()
+    for k in range(graph.num_edges):
+        a, b = graph.edge_src[k], graph.edge_dst[k]
+        if is_backward(graph, a) or is_backward(graph, b):
+            continue
+        ua, ub = units.unit_of[a], units.unit_of[b]
+        if ua != ub and (ua, ub) not in pairs:
+            pairs.add((ua, ub))
+            model.Add(stage[ua] <= stage[ub])
+    return position, stage
