@@ -9,7 +9,10 @@ devices, two networks (PCIe as Baechi fitted it; NVLink-class), memory unlimited
 75/50/30% of the single-device peak (and the source's suggested memory where given), each
 algorithm with and without the reduction pipeline. Plans are the algorithms' own
 (``allow_single`` off), so a speedup below 1 shows where one device would have been better.
-Writes BENCHMARKS.md, bench/results.csv and bench/memory.png.
+``auto`` runs once per setting (it tries both itself) with a short deadline; ``exact`` on
+graphs of at most 300 ops, pipeline off. The markdown tables other benchmark scripts write to
+``bench/fragments/`` are included as sections. Writes BENCHMARKS.md, bench/results.csv and
+bench/memory.png.
 """
 
 from __future__ import annotations
@@ -34,9 +37,19 @@ NETWORKS = {
     "pcie": {"latency_us": 134, "bandwidth_gbps": 5.7},
     "nvlink": {"latency_us": 10, "bandwidth_gbps": 150},
 }
-ALGORITHMS = ("m-topo", "m-etf", "m-sct", "m-fill")
+ALGORITHMS = ("m-topo", "m-etf", "m-sct", "m-fill", "exact", "auto")
+NAMED = ("m-topo", "m-etf", "m-sct", "m-fill", "exact")
 FRACTIONS = (None, 0.75, 0.5, 0.3)
 DEVICES = 4
+
+#: ``auto``'s deadline here (the service's default is 60 s; auto stops earlier when a plan
+#: meets the bound or local search stagnates).
+AUTO_TIME_LIMIT_S = 2.0
+
+#: ``exact`` runs on graphs of at most this many ops, on the graph itself (pipeline off),
+#: with this time limit: its proofs are what the gap tables stand on.
+EXACT_MAX_OPS = 300
+EXACT_TIME_LIMIT_S = 5.0
 
 
 def graphs(shared: Path, quick: bool) -> list[Path]:
@@ -82,8 +95,16 @@ def run_graph(path: str, quick: bool) -> list[dict[str, Any]]:
                 for pipeline in (True, False):
                     if quick and not pipeline:
                         continue
-                    options = {"allow_single": False, "co_placement": pipeline,
-                               "fusion": pipeline}
+                    options: dict[str, Any] = {"allow_single": False, "co_placement": pipeline,
+                                               "fusion": pipeline}
+                    if algorithm == "auto":
+                        if not pipeline:
+                            continue  # auto tries both itself
+                        options = {"time_limit_s": AUTO_TIME_LIMIT_S}
+                    if algorithm == "exact":
+                        if pipeline or len(doc["ops"]) > EXACT_MAX_OPS:
+                            continue
+                        options["time_limit_s"] = EXACT_TIME_LIMIT_S
                     row = {"graph": Path(path).stem, "group": Path(path).parent.name,
                            "ops": len(doc["ops"]), "network": net_name, "memory": mem_name,
                            "devices": count,
@@ -110,6 +131,7 @@ def run_graph(path: str, quick: bool) -> list[dict[str, Any]]:
                         speedup=e.single_device_us / e.step_time_us if e.step_time_us else 1,
                         peak_over_limit=(used / memory) if memory else None,
                         fallback=plan.stats.fallback or "",
+                        optimal=bool(getattr(plan.stats, "optimal", False)),
                     )
                     rows.append(row)
     return rows
@@ -161,6 +183,8 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
             f"{geomean([r['speedup'] for r in ok]):.3f} | {statistics.median(secs):.3f} | "
             f"{max(secs):.2f} |"
         )
+    out += improvement(rows)
+    out += fragments()
     out += ["", "## Every run", "",
             "| graph | ops | devices | network | memory | algorithm | pipeline | nodes | seconds | "
             "step ms | / lower bound | speedup | peak / limit | status |",
@@ -183,6 +207,65 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
     return "\n".join(out) + "\n"
 
 
+def improvement(rows: list[dict[str, Any]]) -> list[str]:
+    """``auto`` against m-ETF (pipeline on, the old default) and the best named algorithm
+    (with or without the pipeline) of the same setting."""
+    out = [
+        "", "## auto against the named algorithms", "",
+        f"`auto` with `time_limit_s` {AUTO_TIME_LIMIT_S:g} s. Per setting: the geometric mean of "
+        "auto's step time over m-ETF's (pipeline on) and over the best named algorithm's "
+        "(m-TOPO, m-ETF, m-SCT, m-fill with and without the pipeline, exact where run), on "
+        "the graphs where both found a plan; how often auto is slower than the best named "
+        "plan; plans within memory found by auto and by any named algorithm; and the geometric "
+        "mean of step time over the single device's, auto against the best named algorithm "
+        "alone (the memory target of issue 9 compares these two).",
+        "",
+        "| network | memory | auto / m-ETF | auto / best named | auto slower | feasible auto "
+        "| feasible any named | step / 1 device: auto | best named | proved optimal |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    settings = sorted({(r["network"], r["memory"]) for r in rows},
+                      key=lambda k: (k[0], ["unlimited", "75%", "50%", "30%", "suggested"]
+                                     .index(k[1])))
+    for network, memory in settings:
+        here = [r for r in rows if (r["network"], r["memory"]) == (network, memory)]
+        graphs = sorted({r["graph"] for r in here})
+        vs_etf, vs_best, auto_speed, best_speed = [], [], [], []
+        slower = feasible_auto = feasible_named = optimal = 0
+        for graph in graphs:
+            ok = [r for r in here if r["graph"] == graph and r["status"] == "ok"]
+            auto = next((r for r in ok if r["algorithm"] == "auto"), None)
+            etf = next((r for r in ok if r["algorithm"] == "m-etf" and r["pipeline"]), None)
+            named = [r for r in ok if r["algorithm"] in NAMED]
+            feasible_named += bool(named)
+            if auto is None:
+                continue
+            feasible_auto += 1
+            optimal += auto["optimal"]
+            if etf is not None:
+                vs_etf.append(auto["step_us"] / etf["step_us"])
+            if named:
+                best = min(r["step_us"] for r in named)
+                vs_best.append(auto["step_us"] / best)
+                slower += auto["step_us"] > best * (1 + 1e-9)
+                auto_speed.append(auto["step_us"] / auto["single_us"])
+                best_speed.append(best / auto["single_us"])
+        out.append(
+            f"| {network} | {memory} | {geomean(vs_etf):.3f} | {geomean(vs_best):.3f} | "
+            f"{slower} | {feasible_auto}/{len(graphs)} | {feasible_named}/{len(graphs)} | "
+            f"{geomean(auto_speed):.3f} | {geomean(best_speed):.3f} | {optimal} |")
+    return out
+
+
+def fragments() -> list[str]:
+    """The tables other benchmark scripts wrote to ``bench/fragments/*.md`` (each names the
+    command that made it on its first line), as sections of this file."""
+    out: list[str] = []
+    for path in sorted((ROOT / "bench" / "fragments").glob("*.md")):
+        out += ["", path.read_text().rstrip()]
+    return out
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -196,7 +279,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     axes = axes if hasattr(axes, "__len__") else [axes]
     levels = ["30%", "50%", "75%", "unlimited"]
     for ax, graph in zip(axes, chosen, strict=False):
-        for algorithm in ALGORITHMS:
+        for algorithm in ("m-topo", "m-etf", "m-sct", "m-fill", "auto"):
             ys = []
             for level in levels:
                 match = [r for r in rows if r["graph"] == graph and r["memory"] == level
