@@ -26,6 +26,7 @@ from baechi.algorithms.base import Progress, no_progress
 from baechi.auto import candidate_fields, place_auto
 from baechi.bounds import unit_floor
 from baechi.cluster import Cluster
+from baechi.costmodel import CostModel
 from baechi.errors import InfeasiblePlacement
 from baechi.graph import Graph, load_graph
 from baechi.grouping import Units
@@ -111,7 +112,7 @@ def place(
         return place_for_throughput(graph, cluster, cluster_json, algorithm, options, report,
                                     __version__)
     request = Request.of(graph, cluster, options, started, report)
-    _check_units_fit(graph, cluster, request.units)
+    _check_units_fit(graph, cluster, request.units, request.cost)
     if algorithm == AUTO:
         outcome = place_auto(request)
         result = _Result(outcome.run, outcome.simulation, outcome.seconds,
@@ -216,7 +217,7 @@ def _faster_single(request: Request, simulation: Simulation) -> Simulation | Non
     return None
 
 
-def _check_units_fit(graph: Graph, cluster: Cluster, units: Units) -> None:
+def _check_units_fit(graph: Graph, cluster: Cluster, units: Units, cost: CostModel) -> None:
     """Fail fast, naming the op, when a unit cannot fit on any device it may use
     (:func:`~baechi.bounds.unit_floor`: no plan can use less on the unit's device)."""
     limits = [math.inf if d.memory_bytes is None else d.memory_bytes for d in cluster.devices]
@@ -235,7 +236,7 @@ def _check_units_fit(graph: Graph, cluster: Cluster, units: Units) -> None:
             raise InfeasiblePlacement(
                 f"{what} needs {need} bytes while {name!r} runs (persistent bytes, its inputs, "
                 f"temp and output) but {where} holds {room}: {need - room} bytes missing",
-                {"op": name, "missing_bytes": need - room, **graph_needs(graph, cluster)},
+                {"op": name, "missing_bytes": need - room, **graph_needs(graph, cost)},
             )
     persistent = sum(graph.persistent_bytes)
     if persistent > sum(limits):
@@ -243,7 +244,7 @@ def _check_units_fit(graph: Graph, cluster: Cluster, units: Units) -> None:
             f"the graph's persistent bytes alone ({persistent}) exceed the memory of all "
             f"{len(limits)} devices together ({sum(limits)}): {persistent - sum(limits)} "
             "bytes missing; add devices or memory",
-            {"missing_bytes": persistent - sum(limits), **graph_needs(graph, cluster)},
+            {"missing_bytes": persistent - sum(limits), **graph_needs(graph, cost)},
         )
 
 

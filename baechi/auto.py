@@ -3,16 +3,17 @@
 How it decides, in order (each step replayed by the simulator; the fastest plan within memory
 wins, so ``auto`` is never slower than any candidate it ran):
 
-1. The candidates of :data:`PORTFOLIO`, cheapest first: m-ETF with the reduction pipeline
-   (the first plan, as fast as m-ETF alone), m-ETF on the unreduced graph (the pipeline fuses
-   away the parallelism of small graphs), m-TOPO both ways, m-SCT both ways (graphs up to
-   :data:`SCT_MAX_OPS` ops: its LP grows super-linearly), m-fill (memory first) both ways,
-   and
-   ``exact`` (CP-SAT, at most :data:`EXACT_MAX_S` seconds): on the graph itself when it has
-   at most :data:`~baechi.algorithms.exact.EXACT_MAX_OPS` ops, hinted with the best plan so
-   far; else on graphs the pipeline reduces to :data:`EXACT_MAX_NODES` nodes or fewer,
-   hinted with the best plan found so far on the same reduction. A candidate whose
-   algorithm is not registered (:data:`baechi.algorithms.ALGORITHMS`) is skipped.
+1. The candidates of :data:`PORTFOLIO`: m-ETF with the reduction pipeline (the first plan,
+   as fast as m-ETF alone), then the cheap ones, m-TOPO and m-fill (memory first) with and
+   without the pipeline, then m-ETF on the unreduced graph (the pipeline fuses away the
+   parallelism of small graphs), m-SCT both ways (graphs up to :data:`SCT_MAX_OPS` ops: its
+   LP grows super-linearly), and ``exact`` (CP-SAT, at most :data:`EXACT_MAX_S` seconds): on
+   the graph itself when it has at most :data:`~baechi.algorithms.exact.EXACT_MAX_OPS` ops,
+   hinted with the best plan so far; else on graphs the pipeline reduces to
+   :data:`EXACT_MAX_NODES` nodes or fewer, hinted with the best plan on the same reduction.
+   Each candidate after the first may use :data:`CANDIDATE_SHARE` of the time left. A
+   candidate whose algorithm is not registered (:data:`baechi.algorithms.ALGORITHMS`) is
+   skipped.
 2. The single-device plan, when the whole graph fits on one device.
 3. Local search (:func:`baechi.search.improve`) from the best plan, on the unreduced graph's
    units, in slices until :data:`SEARCH_PATIENCE` slices in a row gain less than
@@ -25,6 +26,7 @@ one most likely to fit). The deadline is ``options.time_limit_s`` after the requ
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +68,10 @@ SEARCH_MIN_GAIN = 1e-3
 #: Local search stops after this many stagnant slices in a row.
 SEARCH_PATIENCE = 2
 
+#: Every candidate but the first may use at most this share of the time left when it starts
+#: (memory retries, solver time), so that the ones after it, and local search, get time too.
+CANDIDATE_SHARE = 0.5
+
 #: A step time within this relative distance of the lower bound is optimal.
 OPTIMAL_TOLERANCE = 1e-9
 
@@ -93,16 +99,18 @@ class Entry:
     last_resort: bool = False
 
 
-#: The candidates, in the order they run.
+#: The candidates, in the order they run: the first plan as m-ETF gives it, then the cheap
+#: and different ones (m-TOPO and m-fill take milliseconds and are what fits under tight
+#: memory), then the costlier list schedulers and the solver.
 PORTFOLIO: tuple[Entry, ...] = (
     Entry("m-etf", True),
-    Entry("m-etf", False),
     Entry("m-topo", True),
     Entry("m-topo", False),
-    Entry("m-sct", True, max_ops=SCT_MAX_OPS),
-    Entry("m-sct", False, max_ops=SCT_MAX_OPS),
     Entry("m-fill", False, last_resort=True),
     Entry("m-fill", True, last_resort=True),
+    Entry("m-etf", False),
+    Entry("m-sct", True, max_ops=SCT_MAX_OPS),
+    Entry("m-sct", False, max_ops=SCT_MAX_OPS),
     Entry("exact", False, max_ops=EXACT_MAX_OPS, max_seconds=EXACT_MAX_S, hinted=True),
     Entry("exact", True, min_ops=EXACT_MAX_OPS + 1, max_nodes=EXACT_MAX_NODES,
           max_seconds=EXACT_MAX_S, hinted=True),
@@ -156,8 +164,10 @@ def place_auto(request: Request) -> Outcome:
             break
         report("auto", i / (len(entries) + 2))
         tick = time.perf_counter()
-        run = _run_entry(request, entry, runs, first=best is None and (
-            not runs or entry.last_resort))
+        first = best is None and (not runs or entry.last_resort)
+        share = request if first else dataclasses.replace(
+            request, deadline=time.perf_counter() + CANDIDATE_SHARE * request.seconds_left())
+        run = _run_entry(share, entry, runs, first=first)
         if run is None:
             continue
         runs.append(run)

@@ -26,7 +26,7 @@ from baechi.graph import Graph
 from baechi.grouping import Units, colocation_units
 from baechi.options import Options
 from baechi.pipeline import Reduction, reduce_graph
-from baechi.simulate import Simulation, replay, single_device_run
+from baechi.simulate import Simulation, replay
 
 #: How many times the placer is re-run with tighter budgets after a plan overshoots memory.
 MEMORY_RETRIES = 4
@@ -126,8 +126,10 @@ def run_algorithm(
     reduction = reduce_graph(graph, cluster, options)
     seconds = dict(reduction.seconds)
     extra: dict[str, Any] = {} if hint is None else {"hint": hint}
+    # the request's cost model serves the graph itself; a reduced graph gets its own
+    same_graph = {"cost": request.cost} if reduction.graph is graph else {}
     problem = Problem.of(
-        reduction.graph, cluster, reduction.units,
+        reduction.graph, cluster, reduction.units, **same_graph,
         time_limit_s=_time_limit(request, options), progress=request.progress,
         deadline=math.inf if first else request.deadline, **extra,
     )
@@ -192,7 +194,7 @@ def _time_limit(request: Request, options: Options) -> float:
 
 def single_plan(request: Request) -> Simulation | None:
     """The single-device plan's replay, or ``None`` when it does not fit."""
-    problem = Problem.of(request.graph, request.cluster, request.units)
+    problem = Problem.of(request.graph, request.cluster, request.units, cost=request.cost)
     try:
         single = get_algorithm("single")(problem)
     except InfeasiblePlacement:
@@ -216,9 +218,9 @@ def overshoot(simulation: Simulation, cluster: Cluster) -> dict[int, int]:
     return over
 
 
-def graph_needs(graph: Graph, cluster: Cluster) -> dict[str, int]:
+def graph_needs(graph: Graph, cost: CostModel) -> dict[str, int]:
     """What the whole graph needs: its single-device peak and its persistent bytes."""
-    peak = single_device_run(graph, cluster)[1]
+    peak = cost.single_device_run()[1]
     return {"graph_needs_bytes": peak, "graph_persistent_bytes": sum(graph.persistent_bytes)}
 
 
@@ -229,7 +231,7 @@ def over_limit_error(
     graph, cluster = request.graph, request.cluster
     d, excess = max(over.items(), key=lambda item: item[1])
     device = cluster.devices[d]
-    needs = graph_needs(graph, cluster)
+    needs = graph_needs(graph, request.cost)
     total = sum(dev.memory_bytes or 0 for dev in cluster.devices)
     return InfeasiblePlacement(
         f"{algorithm}: no plan within memory found; the best one needs "

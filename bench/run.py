@@ -7,12 +7,11 @@ Usage::
 For every graph (all of baechi/, dnn-partitioning/, pipedream/ and a sample of stg/), on 4
 devices, two networks (PCIe as Baechi fitted it; NVLink-class), memory unlimited and at
 75/50/30% of the single-device peak (and the source's suggested memory where given), each
-algorithm with and without the reduction pipeline. Plans are the algorithms' own
-(``allow_single`` off), so a speedup below 1 shows where one device would have been better.
-``auto`` runs once per setting (it tries both itself) with a short deadline; ``exact`` on
-graphs of at most 300 ops, pipeline off. The markdown tables other benchmark scripts write to
-``bench/fragments/`` are included as sections. Writes BENCHMARKS.md, bench/results.csv and
-bench/memory.png.
+algorithm with and without the reduction pipeline, ``exact`` with a short time limit, and
+``auto`` (the default) with its own per-request time limit. Plans of the named algorithms are
+their own (``allow_single`` off), so a speedup below 1 shows where one device would have been
+better; ``auto`` runs as users get it. Writes BENCHMARKS.md (with the Markdown fragments other
+benchmarks leave in bench/fragments/, each a section), bench/results.csv and bench/memory.png.
 """
 
 from __future__ import annotations
@@ -37,19 +36,14 @@ NETWORKS = {
     "pcie": {"latency_us": 134, "bandwidth_gbps": 5.7},
     "nvlink": {"latency_us": 10, "bandwidth_gbps": 150},
 }
-ALGORITHMS = ("m-topo", "m-etf", "m-sct", "m-fill", "exact", "auto")
-NAMED = ("m-topo", "m-etf", "m-sct", "m-fill", "exact")
+ALGORITHMS = ("m-topo", "m-etf", "m-sct", "m-fill")
+#: ``auto``'s per-request time limit in the benchmark (the default is 60 s; on these graphs it
+#: usually stops much earlier, when local search stagnates).
+AUTO_TIME_LIMIT_S = 2.0
+#: ``exact``'s time limit in the benchmark (it returns its best plan, proven or not).
+EXACT_TIME_LIMIT_S = 2.0
 FRACTIONS = (None, 0.75, 0.5, 0.3)
 DEVICES = 4
-
-#: ``auto``'s deadline here (the service's default is 60 s; auto stops earlier when a plan
-#: meets the bound or local search stagnates).
-AUTO_TIME_LIMIT_S = 2.0
-
-#: ``exact`` runs on graphs of at most this many ops, on the graph itself (pipeline off),
-#: with this time limit: its proofs are what the gap tables stand on.
-EXACT_MAX_OPS = 300
-EXACT_TIME_LIMIT_S = 5.0
 
 
 def graphs(shared: Path, quick: bool) -> list[Path]:
@@ -62,6 +56,16 @@ def graphs(shared: Path, quick: bool) -> list[Path]:
     if quick:
         paths = [p for p in paths if "training" in p.name or "baechi" in str(p)][:6]
     return paths
+
+
+def runs(quick: bool) -> list[tuple[str, bool]]:
+    """(algorithm, pipeline) pairs run on every setting: the named ones both ways, ``exact``
+    when it is registered, and ``auto`` (its own candidates cover both ways)."""
+    from baechi.algorithms import ALGORITHMS as registered
+
+    names = [*ALGORITHMS, *(["exact"] if "exact" in registered else [])]
+    pairs = [(a, p) for a in names for p in (True, False) if p or not quick]
+    return [*pairs, ("auto", True)]
 
 
 def single_peak(doc: dict[str, Any]) -> int:
@@ -91,49 +95,45 @@ def run_graph(path: str, quick: bool) -> list[dict[str, Any]]:
             if memory is not None:
                 devices["memory_bytes"] = memory
             cluster = {"devices": devices, "network": network}
-            for algorithm in ALGORITHMS:
-                for pipeline in (True, False):
-                    if quick and not pipeline:
-                        continue
-                    options: dict[str, Any] = {"allow_single": False, "co_placement": pipeline,
-                                               "fusion": pipeline}
-                    if algorithm == "auto":
-                        if not pipeline:
-                            continue  # auto tries both itself
-                        options = {"time_limit_s": AUTO_TIME_LIMIT_S}
-                    if algorithm == "exact":
-                        if pipeline or len(doc["ops"]) > EXACT_MAX_OPS:
-                            continue
-                        options["time_limit_s"] = EXACT_TIME_LIMIT_S
-                    row = {"graph": Path(path).stem, "group": Path(path).parent.name,
-                           "ops": len(doc["ops"]), "network": net_name, "memory": mem_name,
-                           "devices": count,
-                           "memory_bytes": memory, "algorithm": algorithm,
-                           "pipeline": pipeline, "single_peak": peak}
-                    tick = time.perf_counter()
-                    try:
-                        plan = place(doc, cluster, algorithm, options)
-                    except InfeasiblePlacement as exc:
-                        bound = "no plan" not in exc.message and "fits on no" not in exc.message
-                        row.update(status="infeasible", seconds=time.perf_counter() - tick,
-                                   reason=exc.message[:160],
-                                   kind="lower bound" if bound else "no plan found")
-                        rows.append(row)
-                        continue
-                    e = plan.estimate
-                    assert e is not None
-                    used = max(e.peak_memory_bytes.values())
-                    row.update(
-                        status="ok", seconds=plan.stats.placement_seconds,
-                        nodes=plan.stats.nodes_placed, step_us=e.step_time_us,
-                        lower_bound_us=e.lower_bound_us, single_us=e.single_device_us,
-                        ratio_lb=e.step_time_us / e.lower_bound_us if e.lower_bound_us else 1,
-                        speedup=e.single_device_us / e.step_time_us if e.step_time_us else 1,
-                        peak_over_limit=(used / memory) if memory else None,
-                        fallback=plan.stats.fallback or "",
-                        optimal=bool(getattr(plan.stats, "optimal", False)),
-                    )
+            for algorithm, pipeline in runs(quick):
+                options: dict[str, Any] = {"allow_single": False,
+                                           "co_placement": pipeline, "fusion": pipeline}
+                if algorithm == "exact":
+                    options["time_limit_s"] = EXACT_TIME_LIMIT_S
+                if algorithm == "auto":
+                    options = {"time_limit_s": AUTO_TIME_LIMIT_S}
+                row = {"graph": Path(path).stem, "group": Path(path).parent.name,
+                       "ops": len(doc["ops"]), "network": net_name, "memory": mem_name,
+                       "devices": count,
+                       "memory_bytes": memory, "algorithm": algorithm,
+                       "pipeline": pipeline, "single_peak": peak}
+                tick = time.perf_counter()
+                try:
+                    plan = place(doc, cluster, algorithm, options)
+                except InfeasiblePlacement as exc:
+                    bound = "no plan" not in exc.message and "fits on no" not in exc.message
+                    row.update(status="infeasible", seconds=time.perf_counter() - tick,
+                               reason=exc.message[:160],
+                               kind="lower bound" if bound else "no plan found")
                     rows.append(row)
+                    continue
+                e = plan.estimate
+                assert e is not None
+                used = max(e.peak_memory_bytes.values())
+                row.update(
+                    status="ok", seconds=plan.stats.placement_seconds,
+                    nodes=plan.stats.nodes_placed, step_us=e.step_time_us,
+                    lower_bound_us=e.lower_bound_us, single_us=e.single_device_us,
+                    ratio_lb=e.step_time_us / e.lower_bound_us if e.lower_bound_us else 1,
+                    speedup=e.single_device_us / e.step_time_us if e.step_time_us else 1,
+                    peak_over_limit=(used / memory) if memory else None,
+                    fallback=plan.stats.fallback or "",
+                )
+                if plan.stats.chosen is not None:
+                    chosen = plan.stats.chosen
+                    row["chosen"] = (chosen.algorithm + ("" if chosen.pipeline else "/unreduced")
+                                     + (" + search" if chosen.local_search else ""))
+                rows.append(row)
     return rows
 
 
@@ -169,7 +169,7 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     keys = sorted({(r["network"], r["memory"], r["algorithm"], r["pipeline"]) for r in rows},
-                  key=lambda k: (k[0], ["unlimited", "75%", "50%", "30%", "suggested"].index(k[1]),
+                  key=lambda k: (k[0], MEMORY_LEVELS.index(k[1]),
                                  k[2], not k[3]))
     for key in keys:
         group = [r for r in rows
@@ -177,14 +177,13 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
         ok = [r for r in group if r["status"] == "ok"]
         secs = [r["seconds"] for r in group]
         out.append(
-            f"| {key[0]} | {key[1]} | {key[2]} | {'on' if key[3] else 'off'} | "
+            f"| {key[0]} | {key[1]} | {key[2]} | {_pipe(group[0])} | "
             f"{len(ok)}/{len(group)} ({sum(1 for r in ok if r['fallback'])}) | "
             f"{geomean([r['ratio_lb'] for r in ok]):.3f} | "
             f"{geomean([r['speedup'] for r in ok]):.3f} | {statistics.median(secs):.3f} | "
             f"{max(secs):.2f} |"
         )
     out += improvement(rows)
-    out += fragments()
     out += ["", "## Every run", "",
             "| graph | ops | devices | network | memory | algorithm | pipeline | nodes | seconds | "
             "step ms | / lower bound | speedup | peak / limit | status |",
@@ -194,76 +193,97 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
             peak = f"{r['peak_over_limit']:.2f}" if r["peak_over_limit"] is not None else "–"
             out.append(
                 f"| {r['graph']} | {r['ops']} | {r['devices']} | {r['network']} | {r['memory']} | "
-                f"{r['algorithm']} | {'on' if r['pipeline'] else 'off'} | {r['nodes']} | "
+                f"{r['algorithm']} | {_pipe(r)} | {r['nodes']} | "
                 f"{r['seconds']:.3f} | {r['step_us'] / 1000:.3f} | {r['ratio_lb']:.3f} | "
-                f"{r['speedup']:.3f} | {peak} | {'ok (fallback)' if r['fallback'] else 'ok'} |"
+                f"{r['speedup']:.3f} | {peak} | {_status(r)} |"
             )
         else:
             out.append(
                 f"| {r['graph']} | {r['ops']} | {r['devices']} | {r['network']} | {r['memory']} | "
-                f"{r['algorithm']} | {'on' if r['pipeline'] else 'off'} | – | "
+                f"{r['algorithm']} | {_pipe(r)} | – | "
                 f"{r['seconds']:.3f} | – | – | – | – | infeasible: {r['kind']} |"
             )
     return "\n".join(out) + "\n"
 
 
+MEMORY_LEVELS = ["unlimited", "75%", "50%", "30%", "suggested"]
+
+
+def _pipe(row: dict[str, Any]) -> str:
+    """The pipeline column: on/off, or ``both`` for auto (its candidates run both ways)."""
+    return "both" if row["algorithm"] == "auto" else ("on" if row["pipeline"] else "off")
+
+
+def _status(row: dict[str, Any]) -> str:
+    """``ok``, ``ok (fallback)``, or for auto the plan it chose."""
+    if row.get("chosen"):
+        return f"ok ({row['chosen']})"
+    return "ok (fallback)" if row["fallback"] else "ok"
+
+
 def improvement(rows: list[dict[str, Any]]) -> list[str]:
-    """``auto`` against m-ETF (pipeline on, the old default) and the best named algorithm
-    (with or without the pipeline) of the same setting."""
-    out = [
-        "", "## auto against the named algorithms", "",
-        f"`auto` with `time_limit_s` {AUTO_TIME_LIMIT_S:g} s. Per setting: the geometric mean of "
-        "auto's step time over m-ETF's (pipeline on) and over the best named algorithm's "
-        "(m-TOPO, m-ETF, m-SCT, m-fill with and without the pipeline, exact where run), on "
-        "the graphs where both found a plan; how often auto is slower than the best named "
-        "plan; plans within memory found by auto and by any named algorithm; and the geometric "
-        "mean of step time over the single device's, auto against the best named algorithm "
-        "alone (the memory target of issue 9 compares these two).",
-        "",
-        "| network | memory | auto / m-ETF | auto / best named | auto slower | feasible auto "
-        "| feasible any named | step / 1 device: auto | best named | proved optimal |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    settings = sorted({(r["network"], r["memory"]) for r in rows},
-                      key=lambda k: (k[0], ["unlimited", "75%", "50%", "30%", "suggested"]
-                                     .index(k[1])))
-    for network, memory in settings:
-        here = [r for r in rows if (r["network"], r["memory"]) == (network, memory)]
-        graphs = sorted({r["graph"] for r in here})
-        vs_etf, vs_best, auto_speed, best_speed = [], [], [], []
-        slower = feasible_auto = feasible_named = optimal = 0
-        for graph in graphs:
-            ok = [r for r in here if r["graph"] == graph and r["status"] == "ok"]
-            auto = next((r for r in ok if r["algorithm"] == "auto"), None)
-            etf = next((r for r in ok if r["algorithm"] == "m-etf" and r["pipeline"]), None)
-            named = [r for r in ok if r["algorithm"] in NAMED]
-            feasible_named += bool(named)
+    """``auto`` against m-ETF (the former default: pipeline on) and against the best named
+    algorithm of each setting (graph, network, memory), both ways and ``exact`` included."""
+    out = ["", "## auto against m-ETF and the best named algorithm", "",
+           f"Per setting (graph × network × memory): `auto` with `time_limit_s` "
+           f"{AUTO_TIME_LIMIT_S:g} (its default is 60 s) against m-ETF with the pipeline (the "
+           "former default) and against the fastest plan of any named algorithm with or without "
+           f"the pipeline (`exact` at {EXACT_TIME_LIMIT_S:g} s included; named plans with "
+           "`allow_single` off, so the single-device plan counts for auto only when it wins). "
+           "Ratios < 1 mean auto is faster; geometric means over the settings where both "
+           "have a plan. `worse` counts settings where auto's step is above the best named "
+           "one by more than 0.01%.", "",
+           "| network | memory | settings | auto feasible | best named feasible | "
+           "auto / m-etf | auto / best named | auto better (>0.1%) | worse | "
+           "auto step / 1 device | best named step / 1 device | auto s (median) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    settings: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
+    for r in rows:
+        settings.setdefault((r["network"], r["memory"]), {}).setdefault(r["graph"], []).append(r)
+    for key in sorted(settings, key=lambda k: (k[0], MEMORY_LEVELS.index(k[1]))):
+        graphs = settings[key]
+        vs_etf, vs_best, auto_single, best_single, secs = [], [], [], [], []
+        auto_ok = best_ok = better = worse = 0
+        for group in graphs.values():
+            auto = next((r for r in group if r["algorithm"] == "auto"), None)
+            named = [r for r in group if r["algorithm"] != "auto" and r["status"] == "ok"]
+            etf = next((r for r in named if r["algorithm"] == "m-etf" and r["pipeline"]), None)
+            best = min(named, key=lambda r: r["step_us"], default=None)
+            best_ok += best is not None
             if auto is None:
                 continue
-            feasible_auto += 1
-            optimal += auto["optimal"]
+            secs.append(auto["seconds"])
+            if auto["status"] != "ok":
+                continue
+            auto_ok += 1
             if etf is not None:
                 vs_etf.append(auto["step_us"] / etf["step_us"])
-            if named:
-                best = min(r["step_us"] for r in named)
-                vs_best.append(auto["step_us"] / best)
-                slower += auto["step_us"] > best * (1 + 1e-9)
-                auto_speed.append(auto["step_us"] / auto["single_us"])
-                best_speed.append(best / auto["single_us"])
+            if best is not None:
+                ratio = auto["step_us"] / best["step_us"]
+                vs_best.append(ratio)
+                better += ratio < 0.999
+                worse += ratio > 1.0001
+                auto_single.append(auto["step_us"] / auto["single_us"])
+                best_single.append(best["step_us"] / best["single_us"])
         out.append(
-            f"| {network} | {memory} | {geomean(vs_etf):.3f} | {geomean(vs_best):.3f} | "
-            f"{slower} | {feasible_auto}/{len(graphs)} | {feasible_named}/{len(graphs)} | "
-            f"{geomean(auto_speed):.3f} | {geomean(best_speed):.3f} | {optimal} |")
+            f"| {key[0]} | {key[1]} | {len(graphs)} | {auto_ok} | {best_ok} | "
+            f"{geomean(vs_etf):.3f} | {geomean(vs_best):.3f} | {better} | {worse} | "
+            f"{geomean(auto_single):.3f} | {geomean(best_single):.3f} | "
+            f"{statistics.median(secs) if secs else float('nan'):.2f} |")
     return out
 
 
-def fragments() -> list[str]:
-    """The tables other benchmark scripts wrote to ``bench/fragments/*.md`` (each names the
-    command that made it on its first line), as sections of this file."""
-    out: list[str] = []
-    for path in sorted((ROOT / "bench" / "fragments").glob("*.md")):
-        out += ["", path.read_text().rstrip()]
-    return out
+def fragments(directory: Path) -> str:
+    """The Markdown fragments other benchmarks write (first line: a comment naming the
+    command that generated it), each as a section, in file-name order."""
+    parts = []
+    for path in sorted(directory.glob("*.md")):
+        text = path.read_text().strip()
+        first, _, rest = text.partition("\n")
+        command = first.removeprefix("<!--").removesuffix("-->").strip()
+        parts.append(f"{rest.strip()}\n\n_Section from `bench/fragments/{path.name}`, "
+                     f"{command}._\n")
+    return "\n".join(parts)
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -279,7 +299,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     axes = axes if hasattr(axes, "__len__") else [axes]
     levels = ["30%", "50%", "75%", "unlimited"]
     for ax, graph in zip(axes, chosen, strict=False):
-        for algorithm in ("m-topo", "m-etf", "m-sct", "m-fill", "auto"):
+        for algorithm in ALGORITHMS:
             ys = []
             for level in levels:
                 match = [r for r in rows if r["graph"] == graph and r["memory"] == level
@@ -320,7 +340,9 @@ def main() -> int:
             print(f"[{i + 1}/{len(paths)}] {paths[i].stem}", file=sys.stderr)
     elapsed = time.perf_counter() - tick
     command = "python bench/run.py" + (" --quick" if args.quick else "")
-    Path(args.output).write_text(markdown(rows, command, elapsed))
+    text = markdown(rows, command, elapsed)
+    included = fragments(ROOT / "bench" / "fragments")
+    Path(args.output).write_text(text + ("\n" + included if included else ""))
     with open(ROOT / "bench" / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
         writer.writeheader()
