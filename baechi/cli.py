@@ -171,7 +171,7 @@ def summary(plan: Plan, estimate: Estimate, cluster: Cluster) -> str:
 
 def _name(algorithm: str, pipeline: bool) -> str:
     """``m-etf/unreduced`` for a candidate placed without the pipeline."""
-    if algorithm in ("single", "local-search", "m-fill") or pipeline:
+    if algorithm in ("single", "local-search") or pipeline:
         return algorithm
     return f"{algorithm}/unreduced"
 
