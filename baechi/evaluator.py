@@ -36,6 +36,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,8 @@ from baechi.graph import Graph
 
 #: Relative slack on the pruning bound, so that rounding never prunes a real improvement.
 BOUND_SLACK = 1e-9
+#: A replay with a deadline reads the clock once every this many events (+1; a power of 2).
+CLOCK_EVERY = 1023
 
 
 @dataclass
@@ -192,6 +195,7 @@ class PlanEvaluator:
     def run(
         self, device_of: list[int], orders: list[list[int]], bound: float = math.inf,
         base: Evaluation | None = None, since: float = 0.0, keep: bool = False,
+        deadline: float = math.inf,
     ) -> Evaluation | None:
         """Replay a plan; ``None`` unless it ends strictly before ``bound`` (a step to beat).
 
@@ -206,6 +210,8 @@ class PlanEvaluator:
             simulated time ``since``: resume from its last snapshot taken before ``since``.
         keep
             Keep snapshots of this replay, to serve as a ``base`` later.
+        deadline
+            A :func:`time.perf_counter` value after which the replay gives up (``None``).
         """
         n_dev = self.n_dev
         graph = self.graph
@@ -234,7 +240,8 @@ class PlanEvaluator:
         if keep and base is not None:  # the shared prefix's snapshots hold for this plan too
             checkpoints = [c for c in base.checkpoints if c.now < since]
         limit = bound * (1 + BOUND_SLACK) if math.isfinite(bound) else math.inf
-        if not self._loop(state, device_of, orders, commit, fresh, limit, checkpoints, keep):
+        if not self._loop(state, device_of, orders, commit, fresh, limit, checkpoints, keep,
+                          deadline):
             return None
         if any(state.position[d] < len(orders[d]) for d in range(n_dev)):
             raise InvalidPlan("inconsistent order: a device's order deadlocks")
@@ -255,9 +262,10 @@ class PlanEvaluator:
     def _loop(
         self, state: _State, device_of: list[int], orders: list[list[int]],
         commit: list[float], fresh: bool, limit: float, checkpoints: list[_State],
-        keep: bool,
+        keep: bool, deadline: float,
     ) -> bool:
-        """The simulator's event loop (see :func:`baechi.simulate._timing`); False if pruned."""
+        """The simulator's event loop (see :func:`baechi.simulate._timing`); False if pruned
+        or out of time."""
         graph = self.graph
         n_dev = self.n_dev
         op_us, tail = self.op_us, self.tail
@@ -320,7 +328,12 @@ class PlanEvaluator:
                     return False
         every = max(1, self.n // self.n_checkpoints) if keep else 0
         next_snapshot = committed + every
+        clock = time.perf_counter
+        popped = 0
         while events:
+            popped += 1
+            if not popped & CLOCK_EVERY and clock() > deadline:
+                return False
             if keep and committed >= next_snapshot:
                 state.now, state.committed = now, committed
                 checkpoints.append(state.copy())

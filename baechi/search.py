@@ -555,7 +555,8 @@ class _Driver:
                 break
             stats.moves_evaluated += 1
             bound = found[2].step_us if found else search.cur.step_us
-            candidate = self.ev.run(cand_device_of, cand_orders, bound=bound, keep=True)
+            candidate = self.ev.run(cand_device_of, cand_orders, bound=bound, keep=True,
+                                    deadline=self.deadline)
             if candidate is not None and candidate.memory_ok:
                 found = (cand_device_of, cand_rank, candidate)
         if found is None:
@@ -569,7 +570,7 @@ class _Driver:
         beats the current step, then (only if none improved) the others."""
         search = self.search
         skipped: list[_Move] = []
-        for move, built in _batched(search, search.candidates(), BATCH):
+        for move, built in _batched(search, search.candidates(), BATCH, self.deadline):
             if time.perf_counter() >= self.deadline:
                 return False
             if built[4] >= search.cur.step_us:
@@ -578,7 +579,7 @@ class _Driver:
                 continue
             if self._try(built):
                 return True
-        for _, built in _batched(search, iter(skipped), BATCH):
+        for _, built in _batched(search, iter(skipped), BATCH, self.deadline):
             if time.perf_counter() >= self.deadline:
                 return False
             if self._try(built):
@@ -592,7 +593,7 @@ class _Driver:
         cand_device_of, cand_orders, rank, since, _ = built
         self.stats.moves_evaluated += 1
         candidate = self.ev.run(cand_device_of, cand_orders, bound=search.cur.step_us,
-                                base=search.cur, since=since)
+                                base=search.cur, since=since, deadline=self.deadline)
         if candidate is None or not candidate.memory_ok:
             return False
         # again, keeping snapshots (only for the plans that become the base)
@@ -614,17 +615,19 @@ class _Driver:
             if built is None:
                 continue
             self.stats.moves_evaluated += 1
-            candidate = self.ev.run(built[0], built[1], keep=True)
+            candidate = self.ev.run(built[0], built[1], keep=True, deadline=self.deadline)
             if candidate is not None and candidate.memory_ok:
                 self.take(built[0], search.resorted_rank(search.rank, candidate), candidate)
 
 
-def _batched(search: _Search, moves: Iterator[_Move],
-             batch: int) -> Iterator[tuple[_Move, Candidate]]:
+def _batched(search: _Search, moves: Iterator[_Move], batch: int,
+             deadline: float) -> Iterator[tuple[_Move, Candidate]]:
     """Moves built in batches, each batch tried latest divergence first (the cheapest to
-    replay: they resume from a later checkpoint)."""
+    replay: they resume from a later checkpoint); none built after ``deadline``."""
     pending: list[tuple[_Move, Candidate]] = []
     for move in moves:
+        if time.perf_counter() >= deadline:
+            return
         built = search.apply(move)
         if built is None:
             continue
@@ -749,7 +752,8 @@ def improve(
         Ops that move together (colocation groups, forward pairs, pins); pinned units
         never move.
     deadline
-        A :func:`time.perf_counter` value; the search returns soon after it (one replay).
+        A :func:`time.perf_counter` value; replays of candidates stop at it, so the search
+        returns after it by about one replay of the best plan (the final check).
     seed
         Seed of the random choices (same seed, same plan, given the same number of moves).
     cost
