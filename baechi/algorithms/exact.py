@@ -53,7 +53,7 @@ from baechi.algorithms.base import Assignment, Problem
 from baechi.algorithms.etf import place_etf
 from baechi.costmodel import CostModel
 from baechi.errors import InfeasiblePlacement
-from baechi.simulate import lower_bound_us, replay
+from baechi.simulate import replay
 
 #: Largest graph (ops, after any reduction) that ``exact`` models: CP-SAT proved most of the
 #: STG graphs (50–100 ops, 4 devices) optimal within seconds; beyond a few hundred ops the
@@ -95,7 +95,7 @@ def place_exact(problem: Problem) -> Assignment:
             raise InfeasiblePlacement(f"exact: m-ETF found no plan within memory for the "
                                       f"warm start, and the graph ({n} ops) is too large")
         return Assignment(hint.device_of, hint.orders, {
-            "optimal": False, "bound_us": lower_bound_us(graph, cluster),
+            "optimal": False, "bound_us": cost.lower_bound_us(),
             "fallback": f"exact models graphs of up to {EXACT_MAX_OPS} ops (this one has {n} "
                         "after the reduction pipeline): m-ETF's plan"})
     allowed = [list(problem.devices_for(u)) for u in range(len(units))]
@@ -150,7 +150,7 @@ def place_exact(problem: Problem) -> Assignment:
         _break_symmetry(model, on, len(units), n_dev)
     # the simulator's lower bound (critical path, total work / total speed) holds for every
     # plan; CP-SAT's own bound is weak on such scheduling models, so give it this one too
-    floor_us = lower_bound_us(graph, cluster)
+    floor_us = cost.lower_bound_us()
     makespan = model.NewIntVar(min(horizon, math.floor(floor_us * scale / (1 + rounding))),
                                horizon, "makespan")
     model.AddMaxEquality(makespan, end)
