@@ -4,6 +4,10 @@
 op indices per device); :func:`simulate` and :func:`simulate_plan` take a
 :class:`~baechi.plan.Plan` with op and device names and check it first (every op placed once,
 orders consistent with the graph, colocation groups, forward pairs and pins respected).
+:func:`single_device_run` is the one-device baseline (the cost model caches it per request:
+:meth:`~baechi.costmodel.CostModel.single_device_run`); the lower bound is
+:meth:`~baechi.costmodel.CostModel.lower_bound_us`. Those are the entry points; the rest is
+private.
 
 Decisions where DESIGN §4 leaves room (also in ARCHITECTURE.md):
 
@@ -72,12 +76,6 @@ class Simulation:
     end: list[float]
     transfers: Transfers
     memory: list[MemoryTrace]
-
-
-def lower_bound_us(graph: Graph, cluster: Cluster) -> float:
-    """max(critical path, each op at its fastest; total compute / total speed), see
-    :meth:`CostModel.lower_bound_us <baechi.costmodel.CostModel.lower_bound_us>`."""
-    return CostModel(graph, cluster).lower_bound_us()
 
 
 def _timing(
@@ -226,7 +224,7 @@ def _memory(
     return traces
 
 
-def trace(
+def _trace(
     graph: Graph, cluster: Cluster, device_of: list[int], orders: list[list[int]],
     cost: CostModel | None = None,
 ) -> tuple[list[float], list[float], Transfers, list[MemoryTrace]]:
@@ -249,14 +247,14 @@ def replay(
     Use :func:`check_orders` first when the orders come from outside.
     """
     cost = cost or CostModel(graph, cluster)
-    start, end, transfers, memory = trace(graph, cluster, device_of, orders, cost)
+    start, end, transfers, memory = _trace(graph, cluster, device_of, orders, cost)
     names = [d.name for d in cluster.devices]
     peaks = {name: m.peak for name, m in zip(names, memory, strict=True)}
     memory_ok = all(
         dev.memory_bytes is None or m.peak <= dev.memory_bytes
         for dev, m in zip(cluster.devices, memory, strict=True)
     )
-    single_us, single_fits = single_device(graph, cluster, cost)
+    single_us, single_fits = _single_device(graph, cluster, cost)
     if single_us == math.inf:  # no device can run every op
         single_fits = False
     estimate = Estimate(
@@ -279,11 +277,11 @@ def single_device_run(
     d = cluster.fastest() if device is None else device
     orders: list[list[int]] = [[] for _ in cluster.devices]
     orders[d] = graph.topo
-    _, end, _, memory = trace(graph, cluster, [d] * len(graph), orders, cost)
+    _, end, _, memory = _trace(graph, cluster, [d] * len(graph), orders, cost)
     return max(end, default=0.0), memory[d].peak
 
 
-def single_device(
+def _single_device(
     graph: Graph, cluster: Cluster, cost: CostModel | None = None
 ) -> tuple[float, bool]:
     """Step time of the canonical order on the fastest device, and whether it fits there.

@@ -20,7 +20,7 @@ from baechi.graph import Graph, load_graph
 from baechi.grouping import co_place, colocation_units, merge_cap, unit_memory
 from baechi.options import Options
 from baechi.pipeline import Reduction, reduce_graph
-from baechi.simulate import check_constraints, check_orders, replay, trace
+from baechi.simulate import check_constraints, check_orders, replay, single_device_run
 
 GNMT = SHARED / "graphs/baechi/gnmt_baechi.json"
 TRAINING = sorted((SHARED / "graphs/dnn-partitioning/throughput-inputs").glob("*training*.json"))
@@ -296,9 +296,9 @@ def test_fusion_never_hides_memory_on_one_device(graph: Graph) -> None:
     if reduction.members is None:
         return
     reduced = reduction.graph
-    reduced_peak = trace(reduced, cluster, [0] * len(reduced), [reduced.topo])[3][0].peak
+    reduced_peak = single_device_run(reduced, cluster)[1]
     device_of, orders = reduction.expand([0] * len(reduced), [reduced.topo])
-    assert trace(graph, cluster, device_of, orders)[3][0].peak <= reduced_peak
+    assert replay(graph, cluster, device_of, orders).memory[0].peak <= reduced_peak
 
 
 # ---------------------------------------------------------------------------- end to end
@@ -347,7 +347,7 @@ def test_gnmt_reduces_like_baechi() -> None:
 @pytest.mark.parametrize("path", [*TRAINING, *PIPEDREAM], ids=lambda p: p.stem)
 def test_shared_graphs_reduce_within_memory_and_expand(path: object) -> None:
     g = load_graph(path)  # type: ignore[arg-type]
-    peak = trace(g, Cluster.uniform(1), [0] * len(g), [g.topo])[3][0].peak
+    peak = single_device_run(g, Cluster.uniform(1))[1]
     for memory in (None, peak // 2):
         cluster = Cluster.uniform(4, memory_bytes=memory, latency_us=134, bandwidth_gbps=5.7)
         reduction = _reduce(g, cluster)
