@@ -68,6 +68,10 @@ EXACT_MAX_OPS = 300
 #: channel model; beyond it the channels are left out (a weaker relaxation, still a bound).
 MAX_CHANNEL_INTERVALS = 20_000
 
+#: Where the model is not the simulator's, this many of the solver's last solutions are
+#: replayed and the best replay kept.
+REPLAYED_SOLUTIONS = 20
+
 #: Largest scale (integer time units per µs).
 MAX_SCALE = 10**6
 
@@ -132,7 +136,8 @@ def place_exact(problem: Problem) -> Assignment:
     solver.parameters.max_time_in_seconds = max(0.01, problem.time_limit_s
                                                 - (time.perf_counter() - began))
     solver.parameters.num_workers = WORKERS
-    status = solver.Solve(built.model)
+    collector = _Collector(built)
+    status = solver.Solve(built.model, collector)
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     # the bound holds for the request only while the model's budgets are the devices' limits
     # (a retry after an overshoot lowers them: plans the request allows are then cut off)
@@ -154,12 +159,31 @@ def place_exact(problem: Problem) -> Assignment:
                 f"exact: CP-SAT found no plan ({solver.StatusName(status)}) within "
                 f"{problem.time_limit_s:g} s")
         return _finish(hint, hint_run, stats, "the solver found no plan: the hint's")
+    # the last solution is the model's best; in sequential mode or under memory limits the
+    # simulator may rank the solutions differently, so replay the last few and keep the best
     device_of, orders = built.plan(solver)
     run = replay(graph, cluster, device_of, orders, cost)
     stats["model_step_us"] = solver.ObjectiveValue() / scale
+    if not stats["model_exact"]:
+        for other_device_of, other_orders in collector.plans[-REPLAYED_SOLUTIONS:]:
+            other = replay(graph, cluster, other_device_of, other_orders, cost)
+            if _better(other, run):
+                device_of, orders, run = other_device_of, other_orders, other
     if hint is not None and hint_run is not None and _better(hint_run, run):
         return _finish(hint, hint_run, stats, "the hint plan replays faster than the solver's")
     return _finish(Assignment(device_of, orders), run, stats, None)
+
+
+class _Collector(cp_model.CpSolverSolutionCallback):
+    """Keeps every plan the solver finds, in the order found."""
+
+    def __init__(self, built: _Model) -> None:
+        super().__init__()
+        self.built = built
+        self.plans: list[tuple[list[int], list[list[int]]]] = []
+
+    def on_solution_callback(self) -> None:
+        self.plans.append(self.built.plan(self))
 
 
 def _better(a: Simulation, b: Simulation) -> bool:
@@ -321,7 +345,7 @@ class _Model:
         for (i, a, dd), var in self.sent.items():
             model.AddHint(var, sent_at.get((i, dd), (-1, 0.0))[0] == a)
 
-    def plan(self, solver: cp_model.CpSolver) -> tuple[list[int], list[list[int]]]:
+    def plan(self, solver: Any) -> tuple[list[int], list[list[int]]]:
         """The solution's device per op and each device's order (by start, end, topology)."""
         problem = self.problem
         n = len(problem.graph)
@@ -441,9 +465,10 @@ def _labels(problem: Problem, device_of: list[int]) -> list[int]:
 
 
 def _horizon_us(problem: Problem, cost: CostModel, hint_run: Simulation | None) -> float:
-    """An upper bound on the optimal makespan: the hint's replay, else everything serialised
-    (every op at its slowest, every message sent one after another)."""
-    if hint_run is not None:
+    """An upper bound on the optimal makespan: the hint's replay when it fits memory (else
+    plans slower than the hint, but within memory, would be cut off), else everything
+    serialised (every op at its slowest, every message sent one after another)."""
+    if hint_run is not None and hint_run.estimate.memory_ok:
         return hint_run.estimate.step_time_us
     graph, n_dev = problem.graph, len(problem.cluster.devices)
     slowest = sum(max((t for d in range(n_dev) if math.isfinite(t := cost.op_us[d][v])),
