@@ -294,3 +294,15 @@ def test_stg_never_below_the_optimum(name: str) -> None:
     assert result.stats["bound_us"] <= known[-1] + SLACK
     if result.stats["optimal"]:
         assert step == known[0] == known[-1] or known[0] <= step <= known[-1]
+
+
+def test_bound_rounds_up_to_whole_ticks() -> None:
+    """Seven ops of 0.3 µs on 2 devices (scale 10): Σ work / devices = 1.05 µs, but a
+    step is a whole number of tenths and four ops share a device: bound and plan 1.2 µs."""
+    doc = graph_doc([op(f"o{i}", t) for i, t in enumerate((0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3))])
+    problem = problem_of(doc, small_cluster(2), time_limit_s=5)
+    result = place_exact(problem)
+    assert result.stats["scale"] == 10
+    assert result.stats["bound_us"] == pytest.approx(1.2)
+    assert replayed(problem, result).estimate.step_time_us == pytest.approx(1.2)
+    assert result.stats["optimal"] is True

@@ -128,6 +128,9 @@ def place_exact(problem: Problem) -> Assignment:
     times = [t for row in cost.op_us for t in row if math.isfinite(t)]
     times += [t for m in messages for t in m.delays.values()]
     scale, rounding = _scale(times, horizon_us)
+    if not rounding:
+        # every time is a whole number of ticks, so is every plan's step time: round up
+        floor_us = _whole_ticks_above(floor_us * scale) / scale
     built = _Model(problem, messages, scale, horizon_us, floor_us, rounding)
     if hint is not None and hint_run is not None:
         built.add_hint(hint, hint_run)
@@ -251,8 +254,9 @@ class _Model:
             _break_symmetry(model, on, n_units, n_dev)
         # the simulator's lower bound (critical path, total work / total speed) holds for
         # every plan; CP-SAT's own bound is weak on such scheduling models, so give it this
-        self.makespan = model.NewIntVar(
-            min(horizon, math.floor(floor_us * scale / (1 + rounding))), horizon, "makespan")
+        low = math.floor(floor_us * scale / (1 + rounding)) if rounding else \
+            round(floor_us * scale)  # whole ticks already (see place_exact)
+        self.makespan = model.NewIntVar(min(horizon, low), horizon, "makespan")
         model.AddMaxEquality(self.makespan, end)
         model.Minimize(self.makespan)
         self.messages = messages
@@ -477,6 +481,15 @@ def _horizon_us(problem: Problem, cost: CostModel, hint_run: Simulation | None) 
                          for b in range(n_dev) if a != b), default=0.0)
                     for k in range(graph.num_edges))
     return slowest + transfers
+
+
+def _whole_ticks_above(ticks: float) -> int:
+    """The least whole number of ticks not below ``ticks`` (a float within float noise of a
+    whole number is that number)."""
+    nearest = round(ticks)
+    if abs(ticks - nearest) <= FLOAT_SLACK * max(1.0, abs(ticks)):
+        return nearest
+    return math.ceil(ticks)
 
 
 def _scale(times: list[float], horizon_us: float) -> tuple[int, float]:
