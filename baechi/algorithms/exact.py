@@ -72,6 +72,10 @@ MAX_CHANNEL_INTERVALS = 20_000
 #: replayed and the best replay kept.
 REPLAYED_SOLUTIONS = 20
 
+#: Above this many ops, or channel intervals, CP-SAT's presolve does not probe.
+PROBING_MAX_OPS = 150
+PROBING_MAX_INTERVALS = 1000
+
 #: Largest scale (integer time units per µs).
 MAX_SCALE = 10**6
 
@@ -139,6 +143,10 @@ def place_exact(problem: Problem) -> Assignment:
     solver.parameters.max_time_in_seconds = max(0.01, problem.time_limit_s
                                                 - (time.perf_counter() - began))
     solver.parameters.num_workers = WORKERS
+    if n > PROBING_MAX_OPS or built.channel_intervals > PROBING_MAX_INTERVALS:
+        # probing in presolve took the whole time limit on 300-op models (no solution,
+        # not even the hint's); without it CP-SAT starts from the hint at once
+        solver.parameters.cp_model_probing_level = 0
     collector = _Collector(built)
     status = solver.Solve(built.model, collector)
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
@@ -151,7 +159,9 @@ def place_exact(problem: Problem) -> Assignment:
         "solver_status": solver.StatusName(status),
         "solve_seconds": solver.WallTime(),
         "scale": scale,
-        "model_exact": not cost.sequential and not limited and uniform and not rounding,
+        # channels never delay messages that take no time: sequential mode is then parallel
+        "model_exact": (not built.channel_intervals) and not limited and uniform
+        and not rounding,
         "channels_modelled": built.channels,
     }
     proven = solver.BestObjectiveBound() / scale / (1 + rounding) if found else 0.0
@@ -236,9 +246,11 @@ class _Model:
             model.AddNoOverlap(intervals)
         for k in range(graph.num_edges):
             model.Add(start[graph.edge_dst[k]] >= end[graph.edge_src[k]])
+        self.same: dict[tuple[int, int], tuple[Any, dict[int, Any]]] = {}
         self._delays(messages, allowed)
-        self.channels = cost.sequential and _channel_intervals(messages, allowed) <= \
-            MAX_CHANNEL_INTERVALS
+        self.channel_intervals = _channel_intervals(messages, allowed) if cost.sequential \
+            else 0
+        self.channels = 0 < self.channel_intervals <= MAX_CHANNEL_INTERVALS
         self.sends: dict[tuple[int, int], Any] = {}
         self.sent: dict[tuple[int, int, int], Any] = {}
         if self.channels:
@@ -250,8 +262,9 @@ class _Model:
                 model.Add(sum(persistent[u] * on[u, d] for u in range(n_units)
                               if (u, d) in on) <= int(problem.budget[d]))
         self.symmetric = _interchangeable(problem, cost)
+        self.numbering: list[tuple[Any, Any]] = []
         if self.symmetric:
-            _break_symmetry(model, on, n_units, n_dev)
+            self.numbering = _break_symmetry(model, on, n_units, n_dev)
         # the simulator's lower bound (critical path, total work / total speed) holds for
         # every plan; CP-SAT's own bound is weak on such scheduling models, so give it this
         low = math.floor(floor_us * scale / (1 + rounding)) if rounding else \
@@ -270,7 +283,7 @@ class _Model:
         (in sequential mode at least its transfer time after the producer's end too)."""
         model, on, units = self.model, self.on, self.problem.units
         start, end = self.start, self.end
-        same: dict[tuple[int, int], Any] = {}
+        same = self.same
         for m in messages:
             unit_a = units.unit_of[m.src]
             for dst in m.consumers:
@@ -282,7 +295,7 @@ class _Model:
                 # links, DESIGN §10) when the units sit on its two devices
                 least = min(m.delays.values(), default=0.0)
                 model.Add(start[dst] >= end[m.src] + self.ticks(least)).OnlyEnforceIf(
-                    same[pair].Not())
+                    same[pair][0].Not())
                 for (a, b), delay in m.delays.items():
                     if delay > least and (unit_a, a) in on and (unit_b, b) in on:
                         model.Add(start[dst] >= end[m.src] + self.ticks(delay)).OnlyEnforceIf(
@@ -296,6 +309,8 @@ class _Model:
         model, on, units = self.model, self.on, self.problem.units
         channel: list[list[Any]] = [[] for _ in range(n_dev)]
         for i, m in enumerate(messages):
+            if not any(m.delays.values()):
+                continue  # takes no time: leaving it off the channels only relaxes the model
             unit_a = units.unit_of[m.src]
             for dd in range(n_dev):
                 takers = [c for c in m.consumers if (units.unit_of[c], dd) in on]
@@ -328,11 +343,23 @@ class _Model:
         problem, model = self.problem, self.model
         label = _labels(problem, hint.device_of) if self.symmetric else \
             list(range(len(problem.cluster.devices)))
+        # a complete hint (every variable) lets CP-SAT start from it at once
+        unit_device = [label[hint.device_of[members[0]]] for members in problem.units.members]
         for (u, d), var in self.on.items():
-            model.AddHint(var, label[hint.device_of[problem.units.members[u][0]]] == d)
+            model.AddHint(var, unit_device[u] == d)
         for v in range(len(problem.graph)):
             model.AddHint(self.start[v], self.ticks(run.start[v]))
             model.AddHint(self.end[v], self.ticks(run.end[v]))
+        model.AddHint(self.makespan, self.ticks(run.estimate.step_time_us))
+        for (a, b), (same, both) in self.same.items():
+            model.AddHint(same, unit_device[a] == unit_device[b])
+            for d, together in both.items():
+                model.AddHint(together, unit_device[a] == d == unit_device[b])
+        highest = -1
+        for u, (device, used) in enumerate(self.numbering):
+            highest = max(highest, unit_device[u])
+            model.AddHint(device, unit_device[u])
+            model.AddHint(used, highest)
         if not self.channels:
             return
         index = {m.key: i for i, m in enumerate(self.messages)}
@@ -405,26 +432,29 @@ def _messages(problem: Problem, cost: CostModel) -> tuple[list[Message], bool]:
 
 
 def _channel_intervals(messages: list[Message], allowed: list[list[int]]) -> int:
-    """An upper bound of the channel model's optional intervals."""
+    """An upper bound of the channel model's optional intervals (messages that take no time
+    stay off the channels)."""
     n_dev = max((max(a, default=0) for a in allowed), default=0) + 1
-    return len(messages) * n_dev * max(n_dev - 1, 0)
+    timed = sum(1 for m in messages if any(m.delays.values()))
+    return timed * n_dev * max(n_dev - 1, 0)
 
 
 def _same_device(model: cp_model.CpModel, on: dict[tuple[int, int], Any],
-                 allowed: list[list[int]], a: int, b: int) -> Any:
-    """A boolean true iff units ``a`` and ``b`` are on one device."""
+                 allowed: list[list[int]], a: int, b: int) -> tuple[Any, dict[int, Any]]:
+    """A boolean true iff units ``a`` and ``b`` are on one device, and per device they may
+    share a boolean true iff both are there."""
     same = model.NewBoolVar(f"same{a}_{b}")
-    both = []
-    for d in set(allowed[a]) & set(allowed[b]):
+    both = {}
+    for d in sorted(set(allowed[a]) & set(allowed[b])):
         together = model.NewBoolVar(f"on{a}_{b}d{d}")
         model.AddBoolAnd([on[a, d], on[b, d]]).OnlyEnforceIf(together)
         model.AddBoolOr([on[a, d].Not(), on[b, d].Not()]).OnlyEnforceIf(together.Not())
-        both.append(together)
+        both[d] = together
     if both:
-        model.AddMaxEquality(same, both)
+        model.AddMaxEquality(same, list(both.values()))
     else:
         model.Add(same == 0)
-    return same
+    return same, both
 
 
 def _interchangeable(problem: Problem, cost: CostModel) -> bool:
@@ -444,9 +474,11 @@ def _uniform_links(problem: Problem, cost: CostModel) -> bool:
 
 
 def _break_symmetry(model: cp_model.CpModel, on: dict[tuple[int, int], Any], n_units: int,
-                    n_dev: int) -> None:
+                    n_dev: int) -> list[tuple[Any, Any]]:
     """Interchangeable devices: number them in the order units first use them (unit 0 on
-    device 0; each unit on a device already used or the next one)."""
+    device 0; each unit on a device already used or the next one). Returns per unit its
+    device's number and the highest number used so far (for hints)."""
+    numbering = []
     used = model.NewConstant(-1)
     for u in range(n_units):
         device = model.NewIntVar(0, n_dev - 1, f"dev{u}")
@@ -454,7 +486,9 @@ def _break_symmetry(model: cp_model.CpModel, on: dict[tuple[int, int], Any], n_u
         model.Add(device <= used + 1)
         highest = model.NewIntVar(0, n_dev - 1, f"used{u}")
         model.AddMaxEquality(highest, [used, device])
+        numbering.append((device, highest))
         used = highest
+    return numbering
 
 
 def _labels(problem: Problem, device_of: list[int]) -> list[int]:
