@@ -1,119 +1,308 @@
-"""``exact`` (CP-SAT): optimal against brute force on tiny graphs, never claims an optimum it
-does not have, never slower than its warm start, and every plan is valid and replayed."""
+"""``exact`` (CP-SAT placement and scheduling) against hand-computed optima and brute force.
+
+The simulator is the judge: every plan is replayed, ``stats.optimal`` is compared with the
+brute-force optimum of tiny graphs (every placement × every consistent order), and in parallel
+mode without memory limits the solver's objective must equal the replayed step time.
+"""
 
 from __future__ import annotations
 
-import itertools
+import json
 import math
+from pathlib import Path
 
 import pytest
+from conftest import SHARED, needs_shared
 from helpers import edge, graph_doc, op
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from baechi import Cluster, load_graph, place, simulate
+from baechi import Cluster, InfeasiblePlacement, load_graph
 from baechi.algorithms.base import Assignment, Problem
+from baechi.algorithms.etf import place_etf
 from baechi.algorithms.exact import EXACT_MAX_OPS, place_exact
 from baechi.grouping import colocation_units
-from baechi.simulate import replay
+from baechi.simulate import check_constraints, check_orders, replay
+from baechi.testing import (
+    GENERATORS,
+    brute_force,
+    fork_join,
+    layered,
+    small_cases,
+    small_cluster,
+)
 
-NO_PIPELINE = {"co_placement": False, "fusion": False, "allow_single": False}
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-
-def brute_force_us(doc: dict, cluster: Cluster) -> float:
-    """The best step time of any plan: every placement × every linear extension (each
-    device's order is its subsequence; every consistent set of orders arises so, and the
-    simulator's replay of orders is their earliest schedule)."""
-    graph = load_graph(doc)
-    n, n_dev = len(graph), len(cluster.devices)
-    best = math.inf
-    extensions = [order for order in itertools.permutations(range(n))
-                  if all(order.index(graph.edge_src[k]) < order.index(graph.edge_dst[k])
-                         for k in range(graph.num_edges))]
-    for device_of in itertools.product(range(n_dev), repeat=n):
-        for order in extensions:
-            orders = [[v for v in order if device_of[v] == d] for d in range(n_dev)]
-            best = min(best, replay(graph, cluster, list(device_of), orders).estimate
-                       .step_time_us)
-    return best
+SLACK = 1e-9
 
 
+def problem_of(doc: dict, cluster: dict, **kwargs) -> Problem:
+    graph, parsed = load_graph(doc), Cluster.parse(cluster)
+    return Problem.of(graph, parsed, colocation_units(graph, parsed), **kwargs)
+
+
+def replayed(problem: Problem, result: Assignment):
+    """The result's replay, after checking it is a valid plan for the problem."""
+    graph = problem.graph
+    assert sorted(v for order in result.orders for v in order) == list(range(len(graph)))
+    for d, order in enumerate(result.orders):
+        assert all(result.device_of[v] == d for v in order)
+    check_orders(graph, result.orders)
+    check_constraints(graph, problem.cluster, result.device_of)
+    return replay(graph, problem.cluster, result.device_of, result.orders)
+
+
+# ----------------------------------------------------------------- hand-computed optima
+def three_consumers(mode: str) -> tuple[dict, dict]:
+    """a (1 µs) feeds b, c, d (10 µs each) with distinct 2-byte tensors, 3 devices, 1 µs/byte.
+
+    Parallel: b after a on its device (1..11), c and d on the others (3..13): 13.
+    Sequential: a's channel sends one tensor at a time (1..3, 3..5), so the second remote
+    consumer ends at 15 at best, and keeping two consumers on a's device ends at 21: 15.
+    """
+    doc = graph_doc([op("a", 1), op("b", 10), op("c", 10), op("d", 10)],
+                    [edge("a", x, 2, tensor=f"a:{i}") for i, x in enumerate("bcd")])
+    return doc, small_cluster(3, mode)
+
+
+@pytest.mark.parametrize(("mode", "optimum"), [("parallel", 13.0), ("sequential", 15.0)])
+def test_hand_computed_optimum(mode: str, optimum: float) -> None:
+    doc, cluster = three_consumers(mode)
+    problem = problem_of(doc, cluster, time_limit_s=10)
+    result = place_exact(problem)
+    run = replayed(problem, result)
+    assert run.estimate.step_time_us == optimum
+    assert result.stats["optimal"] is True
+    assert result.stats["bound_us"] == optimum
+    assert result.stats["solver_status"] == "OPTIMAL"
+    assert brute_force(problem.graph, problem.cluster, problem.units)[0] == optimum
+
+
+def test_cached_tensor_is_one_message() -> None:
+    """b and c read the same tensor of a: one transfer serves both on the other device, so
+    the sequential channel model must not count two (a: 1 µs, b, c, d: 10 µs, 5-byte tensor,
+    2 devices): a, d on one device, b, c on the other after one 5 µs transfer: 26."""
+    doc = graph_doc([op("a", 1), op("b", 10), op("c", 10), op("d", 25)],
+                    [edge("a", "b", 5, tensor="t"), edge("a", "c", 5, tensor="t"),
+                     edge("a", "d", 0, tensor="u")])
+    problem = problem_of(doc, small_cluster(2, "sequential"), time_limit_s=10)
+    result = place_exact(problem)
+    run = replayed(problem, result)
+    assert run.estimate.step_time_us == 26.0 and run.estimate.transfers == 1
+    assert result.stats["optimal"] is True
+
+
+def test_objective_equals_replay_where_the_model_is_exact() -> None:
+    """Parallel mode, no memory limit: CP-SAT's objective is the replayed step time."""
+    checked = 0
+    for case in small_cases(seeds=1, ops=(10, 20)):
+        if case.devices != 3:
+            continue
+        problem = problem_of(case.graph, case.cluster, time_limit_s=10)
+        result = place_exact(problem)
+        run = replayed(problem, result)
+        assert result.stats["model_exact"] is True
+        assert result.stats["solver_status"] == "OPTIMAL", case.name
+        assert run.estimate.step_time_us == pytest.approx(result.stats["model_step_us"],
+                                                          rel=SLACK), case.name
+        assert result.stats["optimal"] is True
+        checked += 1
+    assert checked == 30
+
+
+def test_sequential_model_is_not_called_exact() -> None:
+    doc, cluster = three_consumers("sequential")
+    result = place_exact(problem_of(doc, cluster, time_limit_s=10))
+    assert result.stats["model_exact"] is False and result.stats["channels_modelled"] is True
+
+
+# ----------------------------------------------------------------- brute force
 @st.composite
-def tiny_dags(draw: st.DrawFn) -> dict:
-    n = draw(st.integers(2, 4))
-    ops = [op(f"o{i}", draw(st.integers(0, 20))) for i in range(n)]
-    edges = [edge(f"o{i}", f"o{j}", draw(st.integers(0, 3)) * 1000)
-             for j in range(1, n) for i in draw(st.sets(st.integers(0, j - 1), max_size=2))]
-    return graph_doc(ops, edges)
+def tiny_requests(draw: st.DrawFn) -> tuple[dict, dict]:
+    """Tiny DAGs (zero-time ops and zero-byte edges included), 2–3 devices, either mode,
+    sometimes persistent bytes under a memory limit."""
+    devices = draw(st.integers(2, 3))
+    n = draw(st.integers(2, 5 if devices == 2 else 4))
+    ops = [op(f"o{i}", draw(st.integers(0, 9)), output_bytes=draw(st.integers(0, 3)),
+              persistent_bytes=draw(st.integers(0, 4)))
+           for i in range(n)]
+    pairs = [(a, b) for a in range(n) for b in range(a + 1, n)]
+    chosen = draw(st.lists(st.sampled_from(pairs), unique=True, max_size=len(pairs))) \
+        if pairs else []
+    # an op's edges share a tensor (one message per device) or not, by a drawn tensor index
+    edges = [edge(f"o{a}", f"o{b}", draw(st.integers(0, 9)),
+                  tensor=f"o{a}:{draw(st.integers(0, 1))}") for a, b in chosen]
+    mode = draw(st.sampled_from(["parallel", "sequential"]))
+    memory = draw(st.sampled_from([None, None, 6, 10]))
+    return graph_doc(ops, edges), small_cluster(devices, mode, memory)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(doc=tiny_dags(), mode=st.sampled_from(["parallel", "sequential"]),
-       devices=st.integers(2, 3))  # 4 ops on 3 devices: 81 placements × ≤ 24 orders
-def test_optimal_claims_match_brute_force(doc: dict, mode: str, devices: int) -> None:
-    cluster = Cluster.uniform(devices, latency_us=2, bandwidth_gbps=1, mode=mode)
-    plan = place(doc, cluster, "exact", {**NO_PIPELINE, "time_limit_s": 10})
-    best = brute_force_us(doc, cluster)
-    step = plan.estimate.step_time_us
-    assert step >= best * (1 - 1e-9)
-    assert plan.stats.bound_us <= best * (1 + 1e-9)  # a proven bound is a bound
-    if plan.stats.optimal:
-        assert step == pytest.approx(best, rel=1e-9)
-    if mode == "parallel":  # the model is the simulator's: CP-SAT proves the optimum
-        assert plan.stats.optimal, plan.stats
-    assert simulate(doc, plan.model_dump()) == plan.estimate
+@SETTINGS
+@given(tiny_requests())
+def test_never_claims_optimal_falsely(request: tuple[dict, dict]) -> None:
+    doc, cluster = request
+    problem = problem_of(doc, cluster, time_limit_s=10)
+    best, _, _ = brute_force(problem.graph, problem.cluster, problem.units)
+    try:
+        result = place_exact(problem)
+    except InfeasiblePlacement:
+        assert best == math.inf, "exact found no plan though one fits"
+        return
+    run = replayed(problem, result)
+    stats = result.stats
+    assert stats["bound_us"] <= best * (1 + SLACK)
+    if run.estimate.memory_ok:
+        assert run.estimate.step_time_us >= best * (1 - SLACK)
+    if stats["optimal"]:
+        assert run.estimate.memory_ok
+        assert run.estimate.step_time_us == pytest.approx(best, rel=SLACK)
+    if stats["model_exact"] and stats["solver_status"] == "OPTIMAL":
+        assert stats["optimal"]
+        assert run.estimate.step_time_us == pytest.approx(best, rel=SLACK)
 
 
-def test_hand_computed_optimum_splits_the_fork() -> None:
-    # a(2) -> b(3), a -> c(4), b -> d(1), c -> d; 1 µs per message: a, c on one device and
-    # b, d on the other end at 8 (b 3..6, c 2..6, d waits for c's message: 7..8)
-    doc = graph_doc([op("a", 2), op("b", 3), op("c", 4), op("d", 1)],
-                    [edge("a", "b", 0), edge("a", "c", 0), edge("b", "d", 0),
-                     edge("c", "d", 0)])
-    cluster = Cluster.uniform(2, latency_us=1, mode="parallel")
-    plan = place(doc, cluster, "exact", NO_PIPELINE)
-    assert plan.estimate.step_time_us == 8.0
-    assert plan.stats.optimal and plan.stats.bound_us == 8.0
-    assert plan.placement["a"] == plan.placement["c"] != plan.placement["b"]
+@pytest.mark.parametrize("shape", sorted(GENERATORS))
+@pytest.mark.parametrize("mode", ["parallel", "sequential"])
+def test_generated_tiny_graphs_against_brute_force(shape: str, mode: str) -> None:
+    for ccr in (0.1, 1.0, 10.0):
+        doc = GENERATORS[shape](seed=3, ops=6, ccr=ccr)
+        problem = problem_of(doc, small_cluster(2, mode), time_limit_s=10)
+        best, _, _ = brute_force(problem.graph, problem.cluster, problem.units)
+        result = place_exact(problem)
+        step = replayed(problem, result).estimate.step_time_us
+        assert step >= best * (1 - SLACK)
+        assert result.stats["bound_us"] <= best * (1 + SLACK)
+        if result.stats["optimal"]:
+            assert step == pytest.approx(best, rel=SLACK)
+        if mode == "parallel":
+            assert result.stats["optimal"] and step == best
 
 
-def test_never_slower_than_its_hint() -> None:
-    doc = graph_doc([op(f"o{i}", 10 + i) for i in range(12)],
-                    [edge(f"o{i}", f"o{i + 1}", 5000) for i in range(11)])
-    graph = load_graph(doc)
-    cluster = Cluster.uniform(3, latency_us=50, bandwidth_gbps=1)
-    units = colocation_units(graph, cluster)
-    hint = Assignment([0] * 12, [list(range(12)), [], []])
-    hint_us = replay(graph, cluster, hint.device_of, hint.orders).estimate.step_time_us
-    result = place_exact(Problem.of(graph, cluster, units, time_limit_s=5, hint=hint))
-    step = replay(graph, cluster, result.device_of, result.orders).estimate.step_time_us
-    assert step <= hint_us
-    assert result.stats["optimal"]  # a chain: one device, no message, meets the bound
+# ----------------------------------------------------------------- hints, limits, budgets
+@SETTINGS
+@given(st.sampled_from(sorted(GENERATORS)), st.integers(0, 5),
+       st.sampled_from([0.1, 1.0, 10.0]), st.sampled_from(["parallel", "sequential"]))
+def test_never_slower_than_the_hint(shape: str, seed: int, ccr: float, mode: str) -> None:
+    problem = problem_of(GENERATORS[shape](seed, 14, ccr), small_cluster(3, mode),
+                         time_limit_s=0.5)
+    hint = place_etf(problem)
+    problem.hint = hint
+    result = place_exact(problem)
+    mine = replayed(problem, result).estimate.step_time_us
+    assert mine <= replay(problem.graph, problem.cluster, hint.device_of,
+                          hint.orders).estimate.step_time_us
 
 
-def test_memory_budgets_are_respected() -> None:
-    doc = graph_doc([op(f"o{i}", 10, persistent_bytes=600) for i in range(4)])
-    plan = place(doc, {"devices": {"count": 4, "memory_bytes": 1000}}, "exact", NO_PIPELINE)
-    assert len(set(plan.placement.values())) == 4
-    assert plan.estimate.memory_ok and plan.estimate.step_time_us == 10.0
+def test_time_limit_stops_the_solver_with_a_valid_plan() -> None:
+    """40 ops, 2 devices, CCR 0.1: far from proved in 0.05 s; the plan is the hint's or
+    better, the status says the search was cut, and nothing is claimed."""
+    problem = problem_of(layered(0, 40, 0.1), small_cluster(2), time_limit_s=0.05)
+    result = place_exact(problem)
+    assert result.stats["solver_status"] in ("FEASIBLE", "UNKNOWN")
+    step = replayed(problem, result).estimate.step_time_us
+    assert result.stats["optimal"] == (step <= result.stats["bound_us"] * (1 + SLACK))
+    hint = place_etf(problem)
+    assert step <= replay(problem.graph, problem.cluster, hint.device_of,
+                          hint.orders).estimate.step_time_us
 
 
-def test_an_optimum_of_the_reduced_graph_is_not_claimed_for_the_request() -> None:
-    # co-placement merges each op with its only consumer: the reduced problem's optimum is
-    # not the request's, whose units are the single ops
-    doc = graph_doc([op(n, 10, output_bytes=100) for n in "abcd"],
-                    [edge("a", "b", 100), edge("b", "c", 100), edge("a", "d", 100)])
-    plan = place(doc, {"devices": {"count": 2, "memory_bytes": "1GiB"}}, "exact",
-                 {"allow_single": False})
-    stats = plan.stats.model_dump()
-    assert [step["units"] for step in stats["nodes"]][-1] < 4  # co-placement merged some
-    assert stats["optimal"] is False and "reduced_bound_us" in stats
-    assert "reduced graph only" in stats["optimal_note"]
-
-
-def test_large_graphs_fall_back_to_m_etf_and_say_so() -> None:
+def test_too_large_graph_falls_back_to_the_hint() -> None:
     n = EXACT_MAX_OPS + 1
-    doc = graph_doc([op(f"o{i}", 1) for i in range(n)])
-    plan = place(doc, {"devices": {"count": 2}}, "exact", NO_PIPELINE)
-    assert "exact models graphs of up to" in plan.stats.fallback
-    assert plan.stats.optimal is False
+    doc = graph_doc([op(f"o{i}", 1) for i in range(n)],
+                    [edge(f"o{i}", f"o{i + 1}") for i in range(n - 1)])
+    problem = problem_of(doc, small_cluster(2), time_limit_s=5)
+    result = place_exact(problem)
+    assert result.stats["optimal"] is False and result.stats["solver_status"] == "NOT_RUN"
+    assert str(EXACT_MAX_OPS) in result.stats["fallback"]
+    assert replayed(problem, result).estimate.step_time_us == n
+
+
+def test_lowered_budgets_give_no_proof() -> None:
+    """A retry after an overshoot lowers the budgets below the limits: the model then cuts
+    off plans the request allows, so its bound is not the request's and is not reported."""
+    doc = graph_doc([op("a", 5, persistent_bytes=8), op("b", 5, persistent_bytes=8)])
+    cluster = small_cluster(2, memory_bytes=16)
+    full = place_exact(problem_of(doc, cluster, time_limit_s=5))
+    assert full.stats["optimal"] is True and full.stats["bound_us"] == 5.0
+    tight = problem_of(doc, cluster, time_limit_s=5)
+    tight.budget = [8.0, 8.0]
+    result = place_exact(tight)
+    assert result.stats["bound_us"] == tight.cost.lower_bound_us() == 5.0
+
+
+def test_memory_limits_respected_by_persistent_bytes() -> None:
+    """Two 8-byte weights, 12 bytes per device: they must go to different devices though the
+    transfer makes that slower than one device (the received 4-byte copy fits beside b's
+    weights; m-ETF's plan, the hint, puts both on one device and overflows)."""
+    doc = graph_doc([op("a", 5, persistent_bytes=8), op("b", 5, persistent_bytes=8)],
+                    [edge("a", "b", 4)])
+    problem = problem_of(doc, small_cluster(2, memory_bytes=12), time_limit_s=5)
+    result = place_exact(problem)
+    run = replayed(problem, result)
+    assert result.device_of[0] != result.device_of[1]
+    assert run.estimate.memory_ok and run.estimate.step_time_us == 14.0
+    assert result.stats["optimal"] is True
+
+
+def test_pins_and_colocation_are_kept() -> None:
+    doc = graph_doc([op("a", 3, device="/GPU:1"), op("b", 3, colocation_group="g"),
+                     op("c", 3, colocation_group="g"), op("d", 3)],
+                    [edge("a", "b", 1), edge("a", "c", 1), edge("b", "d", 1),
+                     edge("c", "d", 1)])
+    problem = problem_of(doc, small_cluster(3), time_limit_s=5)
+    result = place_exact(problem)
+    replayed(problem, result)
+    assert result.device_of[0] == 1 and result.device_of[1] == result.device_of[2]
+    best, _, _ = brute_force(problem.graph, problem.cluster, problem.units)
+    assert result.stats["optimal"] and replayed(problem, result).estimate.step_time_us == best
+
+
+# ----------------------------------------------------------------- generators
+@pytest.mark.parametrize("shape", sorted(GENERATORS))
+def test_generators_are_seeded_dags_of_the_asked_size(shape: str) -> None:
+    make = GENERATORS[shape]
+    for n in (10, 25, 40):
+        doc = make(7, n, 3.0)
+        assert doc == make(7, n, 3.0) and doc != make(8, n, 3.0)
+        graph = load_graph(doc)  # validates: acyclic, no duplicate edges
+        assert len(graph) == n and graph.num_edges >= n - 1 - n // 3
+        compute = sum(o["compute_us"] for o in doc["ops"]) / n
+        transfer = sum(e["bytes"] for e in doc["edges"]) / len(doc["edges"])
+        assert 1.5 <= transfer / compute <= 4.5  # CCR 3 within the sizes' spread
+
+
+def test_small_cases_cover_the_grid() -> None:
+    cases = list(small_cases(seeds=1, ops=(10,)))
+    assert {(c.shape, c.ccr, c.devices) for c in cases} == {
+        (s, r, d) for s in GENERATORS for r in (0.1, 0.5, 1.0, 3.0, 10.0) for d in (2, 3, 4)}
+    assert fork_join(0, 10, 1.0) == next(c.graph for c in cases
+                                         if c.shape == "fork_join" and c.ccr == 1.0)
+
+
+# ----------------------------------------------------------------- STG optima
+@needs_shared
+@pytest.mark.parametrize("name", ["stg50_rand0000.json", "stg100_rand0003.json"])
+def test_stg_never_below_the_optimum(name: str) -> None:
+    path = Path(SHARED) / "graphs" / "stg" / name
+    doc = json.loads(path.read_text())
+    known = doc["meta"]["optimal_makespan_us"]["4"]
+    problem = problem_of(doc, {"devices": {"count": 4}}, time_limit_s=3)
+    result = place_exact(problem)
+    step = replayed(problem, result).estimate.step_time_us
+    assert step >= known[0] - SLACK
+    assert result.stats["bound_us"] <= known[-1] + SLACK
+    if result.stats["optimal"]:
+        assert step == known[0] == known[-1] or known[0] <= step <= known[-1]
+
+
+def test_bound_rounds_up_to_whole_ticks() -> None:
+    """Seven ops of 0.3 µs on 2 devices (scale 10): Σ work / devices = 1.05 µs, but a
+    step is a whole number of tenths and four ops share a device: bound and plan 1.2 µs."""
+    doc = graph_doc([op(f"o{i}", t) for i, t in enumerate((0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3))])
+    problem = problem_of(doc, small_cluster(2), time_limit_s=5)
+    result = place_exact(problem)
+    assert result.stats["scale"] == 10
+    assert result.stats["bound_us"] == pytest.approx(1.2)
+    assert replayed(problem, result).estimate.step_time_us == pytest.approx(1.2)
+    assert result.stats["optimal"] is True

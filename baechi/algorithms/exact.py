@@ -68,6 +68,14 @@ EXACT_MAX_OPS = 300
 #: channel model; beyond it the channels are left out (a weaker relaxation, still a bound).
 MAX_CHANNEL_INTERVALS = 20_000
 
+#: Where the model is not the simulator's, this many of the solver's last solutions are
+#: replayed and the best replay kept.
+REPLAYED_SOLUTIONS = 20
+
+#: Above this many ops, or channel intervals, CP-SAT's presolve does not probe.
+PROBING_MAX_OPS = 150
+PROBING_MAX_INTERVALS = 1000
+
 #: Largest scale (integer time units per µs).
 MAX_SCALE = 10**6
 
@@ -124,6 +132,9 @@ def place_exact(problem: Problem) -> Assignment:
     times = [t for row in cost.op_us for t in row if math.isfinite(t)]
     times += [t for m in messages for t in m.delays.values()]
     scale, rounding = _scale(times, horizon_us)
+    if not rounding:
+        # every time is a whole number of ticks, so is every plan's step time: round up
+        floor_us = _whole_ticks_above(floor_us * scale) / scale
     built = _Model(problem, messages, scale, horizon_us, floor_us, rounding)
     if hint is not None and hint_run is not None:
         built.add_hint(hint, hint_run)
@@ -132,7 +143,12 @@ def place_exact(problem: Problem) -> Assignment:
     solver.parameters.max_time_in_seconds = max(0.01, problem.time_limit_s
                                                 - (time.perf_counter() - began))
     solver.parameters.num_workers = WORKERS
-    status = solver.Solve(built.model)
+    if n > PROBING_MAX_OPS or built.channel_intervals > PROBING_MAX_INTERVALS:
+        # probing in presolve took the whole time limit on 300-op models (no solution,
+        # not even the hint's); without it CP-SAT starts from the hint at once
+        solver.parameters.cp_model_probing_level = 0
+    collector = _Collector(built)
+    status = solver.Solve(built.model, collector)
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     # the bound holds for the request only while the model's budgets are the devices' limits
     # (a retry after an overshoot lowers them: plans the request allows are then cut off)
@@ -143,27 +159,44 @@ def place_exact(problem: Problem) -> Assignment:
         "solver_status": solver.StatusName(status),
         "solve_seconds": solver.WallTime(),
         "scale": scale,
-        "model_exact": not cost.sequential and not limited and uniform and not rounding,
+        # channels never delay messages that take no time: sequential mode is then parallel
+        "model_exact": (not built.channel_intervals) and not limited and uniform
+        and not rounding,
         "channels_modelled": built.channels,
     }
     proven = solver.BestObjectiveBound() / scale / (1 + rounding) if found else 0.0
-    bound_us = max(floor_us, proven) if at_limits else floor_us
-    if not rounding:
-        # every time is a whole number of units, and so is every step time (a sum of them)
-        bound_us = math.ceil(bound_us * scale * (1 - FLOAT_SLACK)) / scale
-    stats["bound_us"] = bound_us
+    stats["bound_us"] = max(floor_us, proven) if at_limits else floor_us
     if not found:
         if hint is None:
             raise InfeasiblePlacement(
                 f"exact: CP-SAT found no plan ({solver.StatusName(status)}) within "
                 f"{problem.time_limit_s:g} s")
         return _finish(hint, hint_run, stats, "the solver found no plan: the hint's")
+    # the last solution is the model's best; in sequential mode or under memory limits the
+    # simulator may rank the solutions differently, so replay the last few and keep the best
     device_of, orders = built.plan(solver)
     run = replay(graph, cluster, device_of, orders, cost)
     stats["model_step_us"] = solver.ObjectiveValue() / scale
+    if not stats["model_exact"]:
+        for other_device_of, other_orders in collector.plans[-REPLAYED_SOLUTIONS:]:
+            other = replay(graph, cluster, other_device_of, other_orders, cost)
+            if _better(other, run):
+                device_of, orders, run = other_device_of, other_orders, other
     if hint is not None and hint_run is not None and _better(hint_run, run):
         return _finish(hint, hint_run, stats, "the hint plan replays faster than the solver's")
     return _finish(Assignment(device_of, orders), run, stats, None)
+
+
+class _Collector(cp_model.CpSolverSolutionCallback):
+    """Keeps every plan the solver finds, in the order found."""
+
+    def __init__(self, built: _Model) -> None:
+        super().__init__()
+        self.built = built
+        self.plans: list[tuple[list[int], list[list[int]]]] = []
+
+    def on_solution_callback(self) -> None:
+        self.plans.append(self.built.plan(self))
 
 
 def _better(a: Simulation, b: Simulation) -> bool:
@@ -213,9 +246,11 @@ class _Model:
             model.AddNoOverlap(intervals)
         for k in range(graph.num_edges):
             model.Add(start[graph.edge_dst[k]] >= end[graph.edge_src[k]])
+        self.same: dict[tuple[int, int], tuple[Any, dict[int, Any]]] = {}
         self._delays(messages, allowed)
-        self.channels = cost.sequential and _channel_intervals(messages, allowed) <= \
-            MAX_CHANNEL_INTERVALS
+        self.channel_intervals = _channel_intervals(messages, allowed) if cost.sequential \
+            else 0
+        self.channels = 0 < self.channel_intervals <= MAX_CHANNEL_INTERVALS
         self.sends: dict[tuple[int, int], Any] = {}
         self.sent: dict[tuple[int, int, int], Any] = {}
         if self.channels:
@@ -227,12 +262,14 @@ class _Model:
                 model.Add(sum(persistent[u] * on[u, d] for u in range(n_units)
                               if (u, d) in on) <= int(problem.budget[d]))
         self.symmetric = _interchangeable(problem, cost)
+        self.numbering: list[tuple[Any, Any]] = []
         if self.symmetric:
-            _break_symmetry(model, on, n_units, n_dev)
+            self.numbering = _break_symmetry(model, on, n_units, n_dev)
         # the simulator's lower bound (critical path, total work / total speed) holds for
         # every plan; CP-SAT's own bound is weak on such scheduling models, so give it this
-        self.makespan = model.NewIntVar(
-            min(horizon, _least_ticks(floor_us, scale, rounding)), horizon, "makespan")
+        low = math.floor(floor_us * scale / (1 + rounding)) if rounding else \
+            round(floor_us * scale)  # whole ticks already (see place_exact)
+        self.makespan = model.NewIntVar(min(horizon, low), horizon, "makespan")
         model.AddMaxEquality(self.makespan, end)
         model.Minimize(self.makespan)
         self.messages = messages
@@ -246,7 +283,7 @@ class _Model:
         (in sequential mode at least its transfer time after the producer's end too)."""
         model, on, units = self.model, self.on, self.problem.units
         start, end = self.start, self.end
-        same: dict[tuple[int, int], Any] = {}
+        same = self.same
         for m in messages:
             unit_a = units.unit_of[m.src]
             for dst in m.consumers:
@@ -258,7 +295,7 @@ class _Model:
                 # links, DESIGN §10) when the units sit on its two devices
                 least = min(m.delays.values(), default=0.0)
                 model.Add(start[dst] >= end[m.src] + self.ticks(least)).OnlyEnforceIf(
-                    same[pair].Not())
+                    same[pair][0].Not())
                 for (a, b), delay in m.delays.items():
                     if delay > least and (unit_a, a) in on and (unit_b, b) in on:
                         model.Add(start[dst] >= end[m.src] + self.ticks(delay)).OnlyEnforceIf(
@@ -272,6 +309,8 @@ class _Model:
         model, on, units = self.model, self.on, self.problem.units
         channel: list[list[Any]] = [[] for _ in range(n_dev)]
         for i, m in enumerate(messages):
+            if not any(m.delays.values()):
+                continue  # takes no time: leaving it off the channels only relaxes the model
             unit_a = units.unit_of[m.src]
             for dd in range(n_dev):
                 takers = [c for c in m.consumers if (units.unit_of[c], dd) in on]
@@ -304,11 +343,23 @@ class _Model:
         problem, model = self.problem, self.model
         label = _labels(problem, hint.device_of) if self.symmetric else \
             list(range(len(problem.cluster.devices)))
+        # a complete hint (every variable) lets CP-SAT start from it at once
+        unit_device = [label[hint.device_of[members[0]]] for members in problem.units.members]
         for (u, d), var in self.on.items():
-            model.AddHint(var, label[hint.device_of[problem.units.members[u][0]]] == d)
+            model.AddHint(var, unit_device[u] == d)
         for v in range(len(problem.graph)):
             model.AddHint(self.start[v], self.ticks(run.start[v]))
             model.AddHint(self.end[v], self.ticks(run.end[v]))
+        model.AddHint(self.makespan, self.ticks(run.estimate.step_time_us))
+        for (a, b), (same, both) in self.same.items():
+            model.AddHint(same, unit_device[a] == unit_device[b])
+            for d, together in both.items():
+                model.AddHint(together, unit_device[a] == d == unit_device[b])
+        highest = -1
+        for u, (device, used) in enumerate(self.numbering):
+            highest = max(highest, unit_device[u])
+            model.AddHint(device, unit_device[u])
+            model.AddHint(used, highest)
         if not self.channels:
             return
         index = {m.key: i for i, m in enumerate(self.messages)}
@@ -325,7 +376,7 @@ class _Model:
         for (i, a, dd), var in self.sent.items():
             model.AddHint(var, sent_at.get((i, dd), (-1, 0.0))[0] == a)
 
-    def plan(self, solver: cp_model.CpSolver) -> tuple[list[int], list[list[int]]]:
+    def plan(self, solver: Any) -> tuple[list[int], list[list[int]]]:
         """The solution's device per op and each device's order (by start, end, topology)."""
         problem = self.problem
         n = len(problem.graph)
@@ -381,26 +432,29 @@ def _messages(problem: Problem, cost: CostModel) -> tuple[list[Message], bool]:
 
 
 def _channel_intervals(messages: list[Message], allowed: list[list[int]]) -> int:
-    """An upper bound of the channel model's optional intervals."""
+    """An upper bound of the channel model's optional intervals (messages that take no time
+    stay off the channels)."""
     n_dev = max((max(a, default=0) for a in allowed), default=0) + 1
-    return len(messages) * n_dev * max(n_dev - 1, 0)
+    timed = sum(1 for m in messages if any(m.delays.values()))
+    return timed * n_dev * max(n_dev - 1, 0)
 
 
 def _same_device(model: cp_model.CpModel, on: dict[tuple[int, int], Any],
-                 allowed: list[list[int]], a: int, b: int) -> Any:
-    """A boolean true iff units ``a`` and ``b`` are on one device."""
+                 allowed: list[list[int]], a: int, b: int) -> tuple[Any, dict[int, Any]]:
+    """A boolean true iff units ``a`` and ``b`` are on one device, and per device they may
+    share a boolean true iff both are there."""
     same = model.NewBoolVar(f"same{a}_{b}")
-    both = []
-    for d in set(allowed[a]) & set(allowed[b]):
+    both = {}
+    for d in sorted(set(allowed[a]) & set(allowed[b])):
         together = model.NewBoolVar(f"on{a}_{b}d{d}")
         model.AddBoolAnd([on[a, d], on[b, d]]).OnlyEnforceIf(together)
         model.AddBoolOr([on[a, d].Not(), on[b, d].Not()]).OnlyEnforceIf(together.Not())
-        both.append(together)
+        both[d] = together
     if both:
-        model.AddMaxEquality(same, both)
+        model.AddMaxEquality(same, list(both.values()))
     else:
         model.Add(same == 0)
-    return same
+    return same, both
 
 
 def _interchangeable(problem: Problem, cost: CostModel) -> bool:
@@ -420,9 +474,11 @@ def _uniform_links(problem: Problem, cost: CostModel) -> bool:
 
 
 def _break_symmetry(model: cp_model.CpModel, on: dict[tuple[int, int], Any], n_units: int,
-                    n_dev: int) -> None:
+                    n_dev: int) -> list[tuple[Any, Any]]:
     """Interchangeable devices: number them in the order units first use them (unit 0 on
-    device 0; each unit on a device already used or the next one)."""
+    device 0; each unit on a device already used or the next one). Returns per unit its
+    device's number and the highest number used so far (for hints)."""
+    numbering = []
     used = model.NewConstant(-1)
     for u in range(n_units):
         device = model.NewIntVar(0, n_dev - 1, f"dev{u}")
@@ -430,7 +486,9 @@ def _break_symmetry(model: cp_model.CpModel, on: dict[tuple[int, int], Any], n_u
         model.Add(device <= used + 1)
         highest = model.NewIntVar(0, n_dev - 1, f"used{u}")
         model.AddMaxEquality(highest, [used, device])
+        numbering.append((device, highest))
         used = highest
+    return numbering
 
 
 def _labels(problem: Problem, device_of: list[int]) -> list[int]:
@@ -445,9 +503,10 @@ def _labels(problem: Problem, device_of: list[int]) -> list[int]:
 
 
 def _horizon_us(problem: Problem, cost: CostModel, hint_run: Simulation | None) -> float:
-    """An upper bound on the optimal makespan: the hint's replay, else everything serialised
-    (every op at its slowest, every message sent one after another)."""
-    if hint_run is not None:
+    """An upper bound on the optimal makespan: the hint's replay when it fits memory (else
+    plans slower than the hint, but within memory, would be cut off), else everything
+    serialised (every op at its slowest, every message sent one after another)."""
+    if hint_run is not None and hint_run.estimate.memory_ok:
         return hint_run.estimate.step_time_us
     graph, n_dev = problem.graph, len(problem.cluster.devices)
     slowest = sum(max((t for d in range(n_dev) if math.isfinite(t := cost.op_us[d][v])),
@@ -458,11 +517,13 @@ def _horizon_us(problem: Problem, cost: CostModel, hint_run: Simulation | None) 
     return slowest + transfers
 
 
-def _least_ticks(floor_us: float, scale: int, rounding: float) -> int:
-    """The least makespan in ticks that ``floor_us`` (a bound of every plan) allows: rounded
-    up when every time is whole in ticks (a step time is then a whole number of them)."""
-    least = floor_us * scale / (1 + rounding)
-    return math.floor(least) if rounding else math.ceil(least * (1 - FLOAT_SLACK))
+def _whole_ticks_above(ticks: float) -> int:
+    """The least whole number of ticks not below ``ticks`` (a float within float noise of a
+    whole number is that number)."""
+    nearest = round(ticks)
+    if abs(ticks - nearest) <= FLOAT_SLACK * max(1.0, abs(ticks)):
+        return nearest
+    return math.ceil(ticks)
 
 
 def _scale(times: list[float], horizon_us: float) -> tuple[int, float]:

@@ -1,0 +1,75 @@
+"""``exact``'s claims as properties: on random tiny graphs its plan is never below brute force,
+its bound is a bound and ``stats.optimal`` holds; an optimum of a reduced graph is not claimed
+for the request. (Hand-made cases and generated families: tests/test_exact.py.)"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from helpers import edge, graph_doc, op
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from baechi import Cluster, load_graph, place, simulate
+from baechi.simulate import replay
+
+NO_PIPELINE = {"co_placement": False, "fusion": False, "allow_single": False}
+
+
+def brute_force_us(doc: dict, cluster: Cluster) -> float:
+    """The best step time of any plan: every placement × every linear extension (each
+    device's order is its subsequence; every consistent set of orders arises so, and the
+    simulator's replay of orders is their earliest schedule)."""
+    graph = load_graph(doc)
+    n, n_dev = len(graph), len(cluster.devices)
+    best = math.inf
+    extensions = [order for order in itertools.permutations(range(n))
+                  if all(order.index(graph.edge_src[k]) < order.index(graph.edge_dst[k])
+                         for k in range(graph.num_edges))]
+    for device_of in itertools.product(range(n_dev), repeat=n):
+        for order in extensions:
+            orders = [[v for v in order if device_of[v] == d] for d in range(n_dev)]
+            best = min(best, replay(graph, cluster, list(device_of), orders).estimate
+                       .step_time_us)
+    return best
+
+
+@st.composite
+def tiny_dags(draw: st.DrawFn) -> dict:
+    n = draw(st.integers(2, 4))
+    ops = [op(f"o{i}", draw(st.integers(0, 20))) for i in range(n)]
+    edges = [edge(f"o{i}", f"o{j}", draw(st.integers(0, 3)) * 1000)
+             for j in range(1, n) for i in draw(st.sets(st.integers(0, j - 1), max_size=2))]
+    return graph_doc(ops, edges)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(doc=tiny_dags(), mode=st.sampled_from(["parallel", "sequential"]),
+       devices=st.integers(2, 3))  # 4 ops on 3 devices: 81 placements × ≤ 24 orders
+def test_optimal_claims_match_brute_force(doc: dict, mode: str, devices: int) -> None:
+    cluster = Cluster.uniform(devices, latency_us=2, bandwidth_gbps=1, mode=mode)
+    plan = place(doc, cluster, "exact", {**NO_PIPELINE, "time_limit_s": 10})
+    best = brute_force_us(doc, cluster)
+    step = plan.estimate.step_time_us
+    assert step >= best * (1 - 1e-9)
+    assert plan.stats.bound_us <= best * (1 + 1e-9)  # a proven bound is a bound
+    if plan.stats.optimal:
+        assert step == pytest.approx(best, rel=1e-9)
+    if mode == "parallel":  # the model is the simulator's: CP-SAT proves the optimum
+        assert plan.stats.optimal, plan.stats
+    assert simulate(doc, plan.model_dump()) == plan.estimate
+
+
+def test_an_optimum_of_the_reduced_graph_is_not_claimed_for_the_request() -> None:
+    # co-placement merges each op with its only consumer: the reduced problem's optimum is
+    # not the request's, whose units are the single ops
+    doc = graph_doc([op(n, 10, output_bytes=100) for n in "abcd"],
+                    [edge("a", "b", 100), edge("b", "c", 100), edge("a", "d", 100)])
+    plan = place(doc, {"devices": {"count": 2, "memory_bytes": "1GiB"}}, "exact",
+                 {"allow_single": False})
+    stats = plan.stats.model_dump()
+    assert [step["units"] for step in stats["nodes"]][-1] < 4  # co-placement merged some
+    assert stats["optimal"] is False and "reduced_bound_us" in stats
+    assert "reduced graph only" in stats["optimal_note"]
