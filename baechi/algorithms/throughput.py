@@ -13,8 +13,8 @@ as in :mod:`baechi.throughput`. ``load[d] <= T``, memory per device within its l
   ideals solves the same problem): every device takes a stage, a position ``p[d]`` in the
   pipeline (all different), and every edge between forward ops goes from a stage to the same
   or a later one, so the stages' prefixes are ideals of the forward graph; backward ops follow
-  their forward ops (they share units). Warm-started from a balanced cut of the canonical
-  order.
+  their forward ops (they share units). Warm-started from :func:`_linear_split`, a DP over
+  the topological cuts of two linear orders of the units.
 - ``throughput-cpsat``: any split (non-contiguous), warm-started from the contiguous optimum.
 
 Each reports ``stats.optimal`` (the solver proved it), ``stats.bound_us`` (its lower bound on
@@ -26,7 +26,6 @@ default link); the plan's verdict is always :func:`baechi.throughput.throughput`
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -72,24 +71,184 @@ def place_split(problem: Problem) -> Assignment:
     return best
 
 
-def _balanced_cut(problem: Problem, allowed: list[list[int]]) -> list[int] | None:
-    """A contiguous first guess: the canonical order cut into segments of equal compute, one
-    per device in cluster order (``None`` when a unit's kinds forbid its segment's device)."""
-    graph, units, cost = problem.graph, problem.units, problem.cost
-    devices = [d for d in range(len(problem.cluster.devices))
-               if not problem.cluster.devices[d].host] or [0]
-    total = math.fsum(cost.fastest_us)
-    unit_device = [-1] * len(units)
-    done = 0.0
+def _unit_orders(problem: Problem) -> list[list[int]]:
+    """Two linear orders of the units: by first op in the canonical order, and depth first
+    (Kahn's algorithm on the forward edges between units with a stack, so that a chain of
+    ops stays together, which the canonical order breaks on operator graphs)."""
+    graph, units = problem.graph, problem.units
+    first = [-1] * len(units)
+    canonical: list[int] = []
     for op in graph.topo:
         u = units.unit_of[op]
-        if unit_device[u] < 0:
-            index = min(len(devices) - 1, int(done / total * len(devices))) if total else 0
-            unit_device[u] = devices[index]
-            if unit_device[u] not in allowed[u]:
-                return None
-        done += cost.fastest_us[op]
-    return unit_device
+        if first[u] < 0:
+            first[u] = len(canonical)
+            canonical.append(u)
+    successors: list[set[int]] = [set() for _ in range(len(units))]
+    neighbours: list[set[int]] = [set() for _ in range(len(units))]
+    forward = [False] * len(units)
+    for op in range(len(graph)):
+        if not is_backward(graph, op):
+            forward[units.unit_of[op]] = True
+    for k in range(graph.num_edges):
+        a, b = graph.edge_src[k], graph.edge_dst[k]
+        ua, ub = units.unit_of[a], units.unit_of[b]
+        if ua == ub:
+            continue
+        neighbours[ua].add(ub)
+        neighbours[ub].add(ua)
+        if not is_backward(graph, a) and not is_backward(graph, b):
+            successors[ua].add(ub)
+    indegree = [0] * len(units)
+    for succ in successors:
+        for b in succ:
+            indegree[b] += 1
+    stack = sorted((u for u in range(len(units)) if forward[u] and not indegree[u]),
+                   key=lambda u: -first[u])
+    depth_first: list[int] = []
+    while stack:
+        u = stack.pop()
+        depth_first.append(u)
+        ready = []
+        for b in successors[u]:
+            indegree[b] -= 1
+            if not indegree[b]:
+                ready.append(b)
+        stack.extend(sorted(ready, key=lambda b: -first[b]))
+    if len(depth_first) < sum(forward):  # forward edges between units cycle
+        return [canonical]
+    # units of backward ops only follow the earliest unit they exchange tensors with
+    rank = {u: i for i, u in enumerate(depth_first)}
+    after: dict[int, list[int]] = {}
+    pending = sorted((u for u in range(len(units)) if not forward[u]), key=first.__getitem__)
+    while pending:
+        left = []
+        for u in pending:
+            placed = [rank[v] for v in neighbours[u] if v in rank]
+            if placed:
+                anchor = depth_first[min(placed)]
+                after.setdefault(anchor, []).append(u)
+                rank[u] = rank[anchor]
+            else:
+                left.append(u)
+        if len(left) == len(pending):
+            after.setdefault(depth_first[-1] if depth_first else -1, []).extend(left)
+            break
+        pending = left
+    merged: list[int] = list(after.get(-1, []))
+    stack2 = list(reversed(depth_first))
+    while stack2:
+        u = stack2.pop()
+        merged.append(u)
+        stack2.extend(reversed(after.get(u, [])))
+    return [canonical, merged]
+
+
+def _linear_split(problem: Problem, allowed: list[list[int]]) -> list[int] | None:
+    """A contiguous first guess by a DP over topological cuts (PipeDream's linear split): the
+    units, in each order of :func:`_unit_orders`, cut into one segment per non-host device
+    (cluster order), minimising the largest segment load (compute on its device plus the
+    tensors it sends and receives, as in the CP-SAT model); the better cut wins. Every
+    segment's communication comes from 2-D difference arrays (O(n² + tensors)); the DP is
+    vectorised. ``None`` when no cut respects the kinds and memory."""
+    graph, units = problem.graph, problem.units
+    forward_pairs = {(units.unit_of[graph.edge_src[k]], units.unit_of[graph.edge_dst[k]])
+                     for k in range(graph.num_edges)
+                     if not is_backward(graph, graph.edge_src[k])
+                     and not is_backward(graph, graph.edge_dst[k])}
+    best: tuple[float, list[int]] | None = None
+    for order in _unit_orders(problem):
+        rank = {u: i for i, u in enumerate(order)}
+        if any(rank[a] > rank[b] for a, b in forward_pairs):
+            continue  # its cuts would not be contiguous
+        found = _cut(problem, allowed, order)
+        if found is not None and (best is None or found[0] < best[0]):
+            best = found
+    return best[1] if best is not None else None
+
+
+def _cut(
+    problem: Problem, allowed: list[list[int]], order: list[int]
+) -> tuple[float, list[int]] | None:
+    """The best cut of ``order`` (see :func:`_linear_split`): (largest load, unit devices)."""
+    import numpy as np
+
+    graph, units, cost, cluster = problem.graph, problem.units, problem.cost, problem.cluster
+    devices = [d for d, dev in enumerate(cluster.devices) if not dev.host]
+    if not devices:
+        return None
+    n = len(order)
+    rank = [0] * len(units)
+    for i, u in enumerate(order):
+        rank[u] = i
+    diff = np.zeros((n + 1, n + 1))
+
+    def rect(i0: int, i1: int, j0: int, j1: int, value: float) -> None:
+        """Add ``value`` to comm[i][j] for i0 ≤ i ≤ i1, j0 ≤ j ≤ j1 (inclusive)."""
+        if i0 > i1 or j0 > j1:
+            return
+        diff[i0, j0] += value
+        diff[i1 + 1, j0] -= value
+        diff[i0, j1 + 1] -= value
+        diff[i1 + 1, j1 + 1] += value
+
+    last = n - 1
+    for (src, _), edges in tensors(graph).items():
+        p = rank[units.unit_of[src]]
+        consumers = sorted({rank[units.unit_of[graph.edge_dst[k]]] for k in edges} - {p})
+        if not consumers:
+            continue
+        price = max(cost.nominal_transfer_us(k) for k in edges
+                    if rank[units.unit_of[graph.edge_dst[k]]] != p)
+        # sent by a segment holding p unless it holds every consumer too
+        rect(0, p, p, last, price)
+        rect(0, min(consumers[0], p), max(consumers[-1], p), last, -price)
+        # received by a segment without p that holds a consumer: c_k is the first in it
+        previous = -1
+        for c in consumers:
+            rect(previous + 1, c, c, last, price)
+            rect(previous + 1, min(c, p), max(c, p), last, -price)
+            previous = c
+    comm = diff.cumsum(axis=0).cumsum(axis=1)[:n, :n]
+    upper = np.triu(np.ones((n, n), dtype=bool))
+    persistent = np.zeros(n + 1)
+    persistent[1:] = np.cumsum([sum(graph.persistent_bytes[op] for op in units.members[u])
+                                for u in order])
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0  # best[x]: the least largest load placing the first x units
+    choices = []
+    for d in devices:
+        us = np.array([sum(cost.op_us[d][op] for op in units.members[u]) for u in order])
+        runs = np.array([d in allowed[u] for u in order])
+        compute = np.concatenate([[0.0], np.cumsum(np.where(runs, us, 0.0))])
+        blocked = np.concatenate([[0], np.cumsum(~runs)])
+        load = compute[None, 1:] - compute[:-1, None] + comm  # load[i][j] of units i..j
+        bad = (blocked[None, 1:] - blocked[:-1, None]) > 0
+        limit = cluster.devices[d].memory_bytes
+        if limit is not None:
+            bad |= (persistent[None, 1:] - persistent[:-1, None]) > limit
+        load = np.where(upper & ~bad, load, np.inf)
+        candidate = np.maximum(best[:-1, None], load)  # [i][j]: units i..j on d
+        start = candidate.argmin(axis=0)
+        value = candidate[start, np.arange(n)]
+        skip = best[1:] <= value  # d takes nothing for this prefix
+        new = best.copy()
+        new[1:] = np.where(skip, best[1:], value)
+        choices.append(np.where(skip, -1, start))
+        best = new
+    if not np.isfinite(best[n]):
+        return None
+    unit_device = [-1] * len(units)
+    end = n
+    for k in range(len(devices) - 1, -1, -1):
+        if end == 0:
+            break
+        start = int(choices[k][end - 1])
+        if start < 0:
+            continue
+        for i in range(start, end):
+            unit_device[order[i]] = devices[k]
+        end = start
+    return (float(best[n]), unit_device) if end == 0 else None
 
 
 def _solve(
@@ -118,6 +277,8 @@ def _solve(
         for d, var in x[u].items():
             load_terms[d].append(var)
             load_coeffs[d].append(_ns(unit_us[u][d]))
+    # (flag, is a send, source unit, consumer units, device): to complete a hint
+    flags: list[tuple[Any, bool, int, list[int], int]] = []
     for (src, _), edges in tensors(graph).items():
         a = units.unit_of[src]
         consumers = sorted({units.unit_of[graph.edge_dst[k]] for k in edges} - {a})
@@ -138,6 +299,7 @@ def _solve(
                     model.Add(send >= on_a - on_b if on_b is not None else send >= on_a)
                 load_terms[d].append(send)
                 load_coeffs[d].append(price)
+                flags.append((send, True, a, consumers, d))
             if any(v is not None for _, v in ends):
                 recv = model.NewBoolVar("")
                 for _, on_b in ends:
@@ -145,6 +307,7 @@ def _solve(
                         model.Add(recv >= on_b - on_a if on_a is not None else recv >= on_b)
                 load_terms[d].append(recv)
                 load_coeffs[d].append(price)
+                flags.append((recv, False, a, consumers, d))
     horizon = max((sum(c) for c in load_coeffs), default=0) + 1
     period = model.NewIntVar(0, horizon, "T")
     for d in range(n_dev):
@@ -167,13 +330,33 @@ def _solve(
     model.Minimize(period)
     start_guess = hint
     if start_guess is None:
-        start_guess = _balanced_cut(problem, allowed)
+        start_guess = _linear_split(problem, allowed)
     else:
         start_guess = [start_guess[units.members[u][0]] for u in range(n_units)]
     if start_guess is not None:
+        # a complete hint (every variable), so that CP-SAT takes it as its first solution
         for u in range(n_units):
             for d, var in x[u].items():
                 model.AddHint(var, d == start_guess[u])
+        flag_value = {}
+        for var, sends, a, consumers, d in flags:
+            if sends:
+                value = start_guess[a] == d and any(start_guess[b] != d for b in consumers)
+            else:
+                value = start_guess[a] != d and any(start_guess[b] == d for b in consumers)
+            model.AddHint(var, value)
+            flag_value[var.Index()] = int(value)
+        unit_of_var = {var.Index(): u for u in range(n_units) for var in x[u].values()}
+        hinted = 0
+        for d in range(n_dev):
+            load = 0
+            for c, v in zip(load_coeffs[d], load_terms[d], strict=True):
+                index = v.Index()
+                on = flag_value[index] if index in flag_value else \
+                    int(start_guess[unit_of_var[index]] == d)
+                load += c * on
+            hinted = max(hinted, load)
+        model.AddHint(period, min(hinted, horizon))
         if order is not None:  # the cut's stages follow the cluster order
             position, stage = order
             for d in range(n_dev):
