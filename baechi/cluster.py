@@ -34,6 +34,9 @@ _UNITS = {
 }
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
+#: Most devices in one cluster, written as a list or with the count shorthand.
+MAX_DEVICES = 4096
+
 #: Largest device memory: 2**62 bytes, so sums of memory stay within an int64.
 MAX_MEMORY_BYTES = 2**62
 
@@ -181,7 +184,7 @@ class DeviceCount(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    count: int = Field(ge=1, le=4096, strict=True)
+    count: int = Field(ge=1, le=MAX_DEVICES, strict=True)
     memory_bytes: int | None = None
     speed: float = Field(default=1.0, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False)
     name_prefix: str = DEFAULT_NAME_PREFIX
@@ -213,7 +216,7 @@ class Cluster(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    devices: list[Device] = Field(min_length=1)
+    devices: list[Device] = Field(min_length=1, max_length=MAX_DEVICES)
     network: Network = Field(default_factory=Network)
 
     @field_validator("devices", mode="before")

@@ -51,7 +51,13 @@ def get_tenant(
 
 
 async def read_body(request: Request) -> bytes:
-    """The raw body (the size limit middleware stops it at ``max_body_bytes``)."""
+    """The raw body (the size limit middleware stops it at ``max_body_bytes``); a body whose
+    ``Content-Type`` says it is not JSON is refused with 415 (no header: read as JSON)."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media and media != "application/json" and not media.endswith("+json"):
+        raise ApiError(415, "unsupported_media_type",
+                       f"Content-Type {media!r} is not JSON; send application/json",
+                       {"content_type": media})
     return await request.body()
 
 

@@ -29,13 +29,15 @@ DESCRIPTIONS = {
     409: "Not possible in the placement's current status (plan not ready, already ended).",
     410: "The graph this placement was made from expired; the plan is still available.",
     413: "Request body larger than the server's limit.",
+    415: "Request body declared with a Content-Type that is not JSON.",
     422: "Invalid graph, cluster, algorithm, options or parameter; names the op or field.",
     501: "HTML reports are not available in this installation.",
     503: "Redis unreachable, or (readiness) no worker alive.",
 }
 
 _CODES = {400: "malformed_json", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
-          409: "conflict", 413: "too_large", 422: "invalid_request", 503: "unavailable"}
+          409: "conflict", 413: "too_large", 415: "unsupported_media_type",
+          422: "invalid_request", 503: "unavailable"}
 
 
 class ApiError(Exception):

@@ -104,6 +104,10 @@ def live_workers(queue: Queue, worker_ttl_s: int) -> int:
     return count
 
 
+#: Methods that keep their own label in the request metrics; any other is ``other``.
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
 class RequestMetrics:
     """Count and time every HTTP request, labelled by route template (not the raw path)."""
 
@@ -130,5 +134,8 @@ class RequestMetrics:
             route = scope.get("route")
             label = getattr(route, "path", None) or "unmatched"
             method = scope.get("method", "")
+            # any token is a valid HTTP method: unknown ones share one label, so a client
+            # inventing methods cannot grow the metrics without bound
+            method = method if method in HTTP_METHODS else "other"
             self.metrics.requests.labels(method, label, str(status)).inc()
             self.metrics.latency.labels(method, label).observe(time.perf_counter() - started)

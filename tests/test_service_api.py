@@ -328,3 +328,46 @@ def test_report_is_html(service: Service) -> None:
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/html")
     assert "<html" in response.text.lower()
+
+
+# ---------------------------------------------------------- hostile input (issue 12)
+def test_a_body_that_is_not_json_by_content_type_is_refused_with_415(service: Service) -> None:
+    body = orjson.dumps({"graph": unique_graph(), "cluster": cluster(), "algorithm": "single"})
+    with service.client() as http:
+        for path in ("/placements", "/graphs"):
+            response = http.post(path, content=body,
+                                 headers={"Content-Type": "application/x-www-form-urlencoded"})
+            error = assert_error(response, 415, "unsupported_media_type", "not JSON")
+            assert error["details"]["content_type"] == "application/x-www-form-urlencoded"
+        accepted = http.post("/placements", content=body,
+                             headers={"Content-Type": "application/json; charset=utf-8"})
+        assert accepted.status_code == 202, accepted.text
+
+
+def test_invented_http_methods_share_one_metrics_label(service: Service) -> None:
+    with service.client() as http:
+        for i in range(20):
+            http.request(f"BREW{i}", "/healthz")
+        text = http.get("/metrics").text
+    assert "BREW" not in text
+    assert 'method="other"' in text
+
+
+def test_a_device_list_is_capped_like_the_count(service: Service) -> None:
+    devices = [{"name": f"/GPU:{i}"} for i in range(4097)]
+    with service.client() as http:
+        response = submit(http, cluster={"devices": devices})
+    assert_error(response, 422, mentions="devices")
+
+
+def test_overflowing_numbers_are_422_naming_the_field_and_keep_the_connection(
+        service: Service) -> None:
+    graph = {"format": "baechi.graph/v1",
+             "ops": [{"name": f"o{i}", "compute_us": 1,
+                      "persistent_bytes": 9223372036854775807} for i in range(2)]}
+    with service.client() as http:
+        response = submit(http, graph=graph)
+        assert_error(response, 422, mentions="persistent_bytes")
+        response = submit(http, cluster={"devices": {"count": 2, "memory_bytes": "1e400"}})
+        assert_error(response, 422, mentions="memory_bytes")
+        assert response.headers.get("connection", "keep-alive") != "close"

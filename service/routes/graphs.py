@@ -14,7 +14,7 @@ router = APIRouter(tags=["graphs"])
 
 @router.post(
     "/graphs", status_code=201, summary="Upload a graph; refer to it by graph_id afterwards",
-    responses={**responses(400, 401, 413, 422),
+    responses={**responses(400, 401, 413, 415, 422),
                200: {"model": GraphUploaded, "description": "The graph was already uploaded."}},
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/GraphDoc"}}}}},

@@ -37,7 +37,7 @@ PAGE_LIMIT = 1000
 
 @router.post(
     "/placements", status_code=202, summary="Submit a placement request (DESIGN §3)",
-    responses={**responses(400, 401, 413, 422),
+    responses={**responses(400, 401, 413, 415, 422),
                202: {"description": "Accepted (or an identical earlier request's placement).",
                      "headers": {"Location": {"schema": {"type": "string"},
                                               "description": "URL of the placement."}}}},
