@@ -158,6 +158,8 @@ class Graph:
                         {"op": op["name"], "field": "forward_op"},
                     )
                 forward_op[i] = index[forward]
+        _check_forward_pairs(names, forward_op)
+        _check_group_pins(ops)
         edges = data.get("edges", [])
         edge_src = [0] * len(edges)
         edge_dst = [0] * len(edges)
@@ -318,6 +320,41 @@ class Graph:
             edges.append(edge)
         return {"format": GRAPH_FORMAT, "name": self.name, "meta": self.meta, "ops": ops,
                 "edges": edges}
+
+
+def _check_forward_pairs(names: list[str], forward_op: list[int]) -> None:
+    """A backward op names another op as its forward op, and following ``forward_op`` never
+    comes back (each op is visited once: linear)."""
+    state = [0] * len(names)  # 0 unseen, 1 on the current chain, 2 done
+    for first in range(len(names)):
+        chain, op = [], first
+        while op >= 0 and state[op] == 0:
+            state[op] = 1
+            chain.append(op)
+            op = forward_op[op]
+        if op >= 0 and state[op] == 1:
+            cycle = chain[chain.index(op):]
+            what = ("names itself" if len(cycle) == 1 else "forms a cycle "
+                    + " -> ".join(repr(names[v]) for v in [*cycle, op]))
+            raise InvalidGraph(f"op {names[op]!r} (ops[{op}]).forward_op: {what}",
+                               {"op": names[op], "field": "forward_op"})
+        for v in chain:
+            state[v] = 2
+
+
+def _check_group_pins(ops: list[dict[str, Any]]) -> None:
+    """Ops of one colocation group share a device, so they cannot be pinned to two."""
+    pinned: dict[str, tuple[int, str]] = {}
+    for i, op in enumerate(ops):
+        group, pin = op.get("colocation_group"), op.get("device")
+        if group is None or pin is None:
+            continue
+        first = pinned.setdefault(group, (i, pin))
+        if first[1] != pin:
+            raise InvalidGraph(
+                f"op {op['name']!r} (ops[{i}]).device: pinned to {pin!r}, but op "
+                f"{ops[first[0]]['name']!r} of the same colocation group {group!r} is pinned "
+                f"to {first[1]!r}", {"op": op["name"], "field": "device"})
 
 
 def find_cycle(candidates: Sequence[int], successors: Any) -> list[int]:

@@ -71,3 +71,24 @@ def test_deeply_nested_json_is_refused_naming_the_field(where: str) -> None:
         op["attrs"] = deep
     with pytest.raises(InvalidGraph, match=f"{where}: JSON nested deeper than 64 levels"):
         baechi.load_graph(doc)
+
+
+def test_forward_op_naming_itself_or_a_cycle_is_refused() -> None:
+    with pytest.raises(InvalidGraph, match=r"op 'a' \(ops\[0\]\)\.forward_op: names itself"):
+        baechi.load_graph(_graph([{"name": "a", "compute_us": 1, "forward_op": "a"}]))
+    ops = [{"name": "a", "compute_us": 1, "forward_op": "b"},
+           {"name": "b", "compute_us": 1, "forward_op": "c"},
+           {"name": "c", "compute_us": 1, "forward_op": "a"}]
+    with pytest.raises(InvalidGraph, match=r"forms a cycle 'a' -> 'b' -> 'c' -> 'a'"):
+        baechi.load_graph(_graph(ops))
+    chain = [{"name": "a", "compute_us": 1}, {"name": "b", "compute_us": 1, "forward_op": "a"},
+             {"name": "c", "compute_us": 1, "forward_op": "b"}]
+    assert baechi.load_graph(_graph(chain)).forward_op == [-1, 0, 1]
+
+
+def test_one_colocation_group_pinned_to_two_devices_is_refused() -> None:
+    ops = [{"name": "a", "compute_us": 1, "colocation_group": "g", "device": "/GPU:0"},
+           {"name": "b", "compute_us": 1, "colocation_group": "g", "device": "/GPU:1"}]
+    with pytest.raises(InvalidGraph, match=r"op 'b' \(ops\[1\]\)\.device: pinned to '/GPU:1'"
+                                           r", but op 'a' .* group 'g' is pinned to '/GPU:0'"):
+        baechi.load_graph(_graph(ops))
