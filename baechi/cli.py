@@ -7,7 +7,8 @@ Errors go to stderr as one line, never a traceback.
 from __future__ import annotations
 
 import argparse
-import importlib
+import importlib.metadata
+import importlib.util
 import json
 import math
 import sys
@@ -21,14 +22,35 @@ from baechi._version import __version__
 from baechi.algorithms import ALGORITHM_NAMES, DEFAULT_ALGORITHM
 from baechi.api import place
 from baechi.cluster import Cluster
-from baechi.errors import InvalidCluster, PlacementError
+from baechi.errors import InvalidCluster, MissingExtra, PlacementError
 from baechi.graph import load_graph
 from baechi.plan import Candidate, Estimate, Plan
 from baechi.simulate import simulate_plan
 from baechi.throughput import OBJECTIVES
 
-#: Modules that add verbs (``register(subparsers)``); skipped when their extra is absent.
-PLUGINS = ("baechi.importers.cli", "baechi.service.cli", "baechi.client.cli")
+#: Entry-point group of the modules that add verbs (``register(subparsers)``, pyproject.toml).
+PLUGIN_GROUP = "baechi.cli"
+
+#: Third-party modules each optional extra installs: a verb that needs them says which extra.
+EXTRAS = {
+    "server": ("fastapi", "uvicorn", "rq", "redis", "pydantic_settings", "prometheus_client"),
+    "tf": ("tensorflow",),
+    "report": ("plotly",),
+}
+
+
+def require_extra(extra: str, verb: str) -> None:
+    """Raise :class:`~baechi.errors.MissingExtra` when a module of ``extra`` is missing.
+
+    Examples
+    --------
+    >>> require_extra("report", "report")  # installed here: nothing happens
+    """
+    missing = [m for m in EXTRAS[extra] if importlib.util.find_spec(m) is None]
+    if missing:
+        raise MissingExtra(
+            f"baechi {verb} needs the {extra!r} extra ({', '.join(missing)} not installed): "
+            f"pip install 'baechi[{extra}]'", {"extra": extra, "missing": missing})
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
@@ -285,12 +307,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--cluster", metavar="FILE")
     r.set_defaults(func=cmd_report)
 
-    for name in PLUGINS:
+    for plugin in importlib.metadata.entry_points(group=PLUGIN_GROUP):
         try:
-            module = importlib.import_module(name)
-        except ImportError:
+            register = plugin.load()
+        except Exception as exc:  # a broken plugin must not take the other verbs with it
+            print(f"baechi: warning: the verbs of plugin {plugin.name!r} ({plugin.value}) "
+                  f"could not be loaded: {type(exc).__name__}: {exc}", file=sys.stderr)
             continue
-        module.register(verbs)
+        register(verbs)
     return parser
 
 

@@ -59,3 +59,9 @@ class InfeasiblePlacement(PlacementError):
     code = "infeasible"
     exit_status = 3
 
+
+class MissingExtra(PlacementError):
+    """A command needs an optional dependency group (``pip install 'baechi[extra]'``)."""
+
+    code = "missing_extra"
+    exit_status = 2

@@ -177,10 +177,9 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    try:
-        import tensorflow  # noqa: F401
-    except ImportError:
-        return _fail("profile needs TensorFlow: pip install 'baechi[tf]'", 1)
+    from baechi.cli import require_extra
+
+    require_extra("tf", "profile")
     from baechi.client.models import EXAMPLES
     from baechi.client.profiler import profile
 

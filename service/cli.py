@@ -63,6 +63,9 @@ def _settings(verb: str, **overrides: Any) -> Any:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the API until interrupted; 1 when Redis is unreachable, 2 on bad settings."""
+    from baechi.cli import require_extra
+
+    require_extra("server", "serve")
     settings = _settings("serve", host=args.host, port=args.port)
     if settings is None:
         return 2
@@ -93,6 +96,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """Run a worker; 1 when Redis is unreachable, 2 on bad settings."""
+    from baechi.cli import require_extra
+
+    require_extra("server", "worker")
     settings = _settings("worker")
     if settings is None:
         return 2

@@ -80,3 +80,33 @@ def test_simulate_rejects_an_invalid_plan(tmp_path: Path) -> None:
         "placement": {"a": "/GPU:0", "b": "/GPU:0"}, "order": {"/GPU:0": ["b", "a"]}}))
     result = run("simulate", str(graph), str(plan))
     assert result.returncode == 2 and "inconsistent order" in result.stderr
+
+
+def test_plugin_verbs_come_from_entry_points_and_a_broken_one_is_reported(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.metadata
+
+    from baechi import cli
+
+    verbs = cli.build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert {"serve", "worker", "submit", "import"} <= set(verbs)
+    real = importlib.metadata.entry_points(group=cli.PLUGIN_GROUP)
+    broken = importlib.metadata.EntryPoint("broken", "baechi_no_such_module:register",
+                                           cli.PLUGIN_GROUP)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [*real, broken])
+    verbs = cli.build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert {"serve", "submit", "import"} <= set(verbs)
+    warning = capsys.readouterr().err
+    assert "plugin 'broken' (baechi_no_such_module:register) could not be loaded" in warning
+    assert "No module named 'baechi_no_such_module'" in warning
+
+
+def test_a_missing_extra_names_the_pip_command(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from baechi import cli
+
+    monkeypatch.setitem(cli.EXTRAS, "server", ("baechi_no_such_module",))
+    assert cli.main(["serve"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error == ("baechi: error: baechi serve needs the 'server' extra "
+                     "(baechi_no_such_module not installed): pip install 'baechi[server]'")
