@@ -371,3 +371,16 @@ def test_overflowing_numbers_are_422_naming_the_field_and_keep_the_connection(
         response = submit(http, cluster={"devices": {"count": 2, "memory_bytes": "1e400"}})
         assert_error(response, 422, mentions="memory_bytes")
         assert response.headers.get("connection", "keep-alive") != "close"
+
+
+def test_large_responses_are_gzipped_for_clients_that_accept_it(service: Service) -> None:
+    with service.client() as http:
+        created = submit(http, graph=unique_graph(400))
+        pid = created.json()["id"]
+        assert service.wait(pid, timeout=120)["status"] == "finished"
+        zipped = http.get(f"/placements/{pid}/plan", headers={"Accept-Encoding": "gzip"})
+        plain = http.get(f"/placements/{pid}/plan", headers={"Accept-Encoding": "identity"})
+    assert zipped.headers["content-encoding"] == "gzip"
+    assert "content-encoding" not in plain.headers
+    assert zipped.json() == plain.json()  # httpx decodes it: the same plan
+    assert int(zipped.headers["content-length"]) < len(plain.content) / 3
