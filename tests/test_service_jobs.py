@@ -241,3 +241,23 @@ def test_progress_is_throttled(redis_server: RedisServer) -> None:
     with pytest.raises(Canceled):
         eager("place", 1.0)
     queue.empty()
+
+
+# ------------------------------------------------- Redis outage under a busy worker
+def test_a_busy_worker_survives_a_short_redis_outage(make_service: Any) -> None:
+    # issue 12, item 11: a worker running a job when Redis went away for a few seconds
+    # exited for good; it must finish the job and stay registered
+    stack: Service = make_service(workers=0)
+    worker = stack.start_worker(BAECHI_WORKER_HOLD_S="8", BAECHI_WORKER_HEARTBEAT_S="1")
+    with stack.client() as http:
+        pid = submit(http)
+    stack.wait(pid, statuses=("running",), timeout=30)
+    stack.redis.stop()
+    time.sleep(4)
+    stack.redis.start()
+    status = stack.wait(pid, timeout=90)
+    assert status["status"] == "finished", status
+    assert worker.alive, worker.tail()
+    with stack.client() as http:
+        assert http.get("/readyz").status_code == 200
+        assert stack.wait(submit(http), timeout=60)["status"] == "finished"  # still working

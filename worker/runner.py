@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 
+import redis.exceptions
 from baechi.service import jobs
 from baechi.service.lifecycle import describe_failure
 from baechi.service.settings import Settings
@@ -20,6 +21,9 @@ from redis import Redis
 from rq import Worker
 from rq.job import Job, JobStatus
 from rq.queue import Queue
+
+#: Errors of a Redis that is briefly unreachable; a busy worker rides them out.
+REDIS_OUTAGE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
 class PlacementWorker(Worker):
@@ -40,11 +44,18 @@ class PlacementWorker(Worker):
         return self.job_monitoring_interval + self.grace_s
 
     def maintain_heartbeats(self, job: Job, execution) -> None:
-        super().maintain_heartbeats(job, execution)
-        # RQ reaps abandoned jobs only between jobs; a worker busy with a long placement
-        # reaps too, so a dead peer's job is noticed even when every live worker is busy.
-        if self.should_run_maintenance_tasks:
-            self.clean_registries()
+        try:
+            super().maintain_heartbeats(job, execution)
+            # RQ reaps abandoned jobs only between jobs; a worker busy with a long placement
+            # reaps too, so a dead peer's job is noticed even when every live worker is busy.
+            if self.should_run_maintenance_tasks:
+                self.clean_registries()
+        except REDIS_OUTAGE as exc:
+            # Redis went away for a moment (a restart, a failover): the work horse runs on,
+            # and the next beat, a second or so later, tries again. Raising here made RQ quit
+            # the worker for good (issue 12, item 11).
+            self.log.warning("Worker %s: heartbeat skipped, Redis unreachable: %s",
+                             self.name, exc)
 
     def handle_job_failure(self, job: Job, queue: Queue, started_job_registry=None,
                            exc_string: str = "", execution=None) -> None:
