@@ -261,3 +261,21 @@ def test_a_busy_worker_survives_a_short_redis_outage(make_service: Any) -> None:
     with stack.client() as http:
         assert http.get("/readyz").status_code == 200
         assert stack.wait(submit(http), timeout=60)["status"] == "finished"  # still working
+
+
+def test_the_work_horse_dies_with_the_workers_main_process(make_service: Any) -> None:
+    # issue 12, item 14: an orphaned work horse went on computing the job its retry ran again
+    stack: Service = make_service(workers=0)
+    worker = stack.start_worker(**HOLD)
+    with stack.client() as http:
+        pid = submit(http)
+    stack.wait(pid, statuses=("running",), timeout=30)
+    horses = wait_until(worker.children, 10, "the work horse to start")
+    stack.kill_worker(worker, signal.SIGKILL, children=False)  # the main process only
+
+    def gone() -> bool:
+        return not any(os.path.exists(f"/proc/{horse}") and
+                       "Z" not in open(f"/proc/{horse}/stat").read().split(")")[-1].split()[0]
+                       for horse in horses)
+
+    wait_until(gone, 10, f"work horse {horses} to die with its worker")

@@ -57,6 +57,12 @@ class PlacementWorker(Worker):
             self.log.warning("Worker %s: heartbeat skipped, Redis unreachable: %s",
                              self.name, exc)
 
+    def main_work_horse(self, job: Job, queue: Queue) -> None:
+        # The work horse dies with the worker's main process: an orphan would go on computing
+        # the job while its retry runs elsewhere, and its timeout could fail the retry.
+        die_with_parent()
+        super().main_work_horse(job, queue)
+
     def handle_job_failure(self, job: Job, queue: Queue, started_job_registry=None,
                            exc_string: str = "", execution=None) -> None:
         super().handle_job_failure(job, queue, started_job_registry=started_job_registry,
@@ -72,6 +78,20 @@ class PlacementWorker(Worker):
             timeout = record.timeout_s if record is not None else None
             record_failure(Store(self.connection), job.id,
                            describe_failure(exc_string, timeout_s=timeout, ran_s=ran))
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (``PR_SET_PDEATHSIG``); a no-op
+    elsewhere. If the parent is already gone, exit now."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() == 1:  # the parent died before the request took effect
+        os._exit(1)
 
 
 def default_name() -> str:
