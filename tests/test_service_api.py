@@ -384,3 +384,9 @@ def test_large_responses_are_gzipped_for_clients_that_accept_it(service: Service
     assert "content-encoding" not in plain.headers
     assert zipped.json() == plain.json()  # httpx decodes it: the same plan
     assert int(zipped.headers["content-length"]) < len(plain.content) / 3
+
+
+def test_favicon_is_204_for_browsers_opening_a_report(service: Service) -> None:
+    with service.client(key=None) as http:
+        response = http.get("/favicon.ico")
+    assert response.status_code == 204 and not response.content

@@ -34,3 +34,9 @@ def readyz(services: ServicesDep) -> Ready:
 def metrics(request: Request) -> Response:
     registry = request.app.state.metrics.registry
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/favicon.ico", include_in_schema=False)
+def favicon() -> Response:
+    """No icon: browsers opening a report ask for one; 204 keeps their consoles clean."""
+    return Response(status_code=204)
