@@ -41,7 +41,7 @@ ALGORITHMS = ("m-topo", "m-etf", "m-sct", "m-fill")
 #: usually stops much earlier, when local search stagnates).
 AUTO_TIME_LIMIT_S = 2.0
 #: ``exact``'s time limit in the benchmark (it returns its best plan, proven or not).
-EXACT_TIME_LIMIT_S = 2.0
+EXACT_TIME_LIMIT_S = 1.0
 FRACTIONS = (None, 0.75, 0.5, 0.3)
 DEVICES = 4
 
