@@ -239,7 +239,8 @@ def improvement(rows: list[dict[str, Any]]) -> list[str]:
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     settings: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
     for r in rows:
-        settings.setdefault((r["network"], r["memory"]), {}).setdefault(r["graph"], []).append(r)
+        settings.setdefault((r["network"], r["memory"]), {}).setdefault(
+            (r["group"], r["graph"]), []).append(r)
     for key in sorted(settings, key=lambda k: (k[0], MEMORY_LEVELS.index(k[1]))):
         graphs = settings[key]
         vs_etf, vs_best, auto_single, best_single, secs = [], [], [], [], []
