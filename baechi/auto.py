@@ -14,8 +14,12 @@ wins, so ``auto`` is never slower than any candidate it ran):
    Each candidate after the first may use :data:`CANDIDATE_SHARE` of the time left. A
    candidate whose algorithm is not registered (:data:`baechi.algorithms.ALGORITHMS`) is
    skipped.
-2. The single-device plan, when the whole graph fits on one device.
-3. Local search (:func:`baechi.search.improve`) from the best plan, on the unreduced graph's
+2. Repair (:func:`baechi.repair.repair`) of the refused plans that overshot memory least
+   (:data:`REPAIR_STARTS`): units move off the overflowing devices until every device fits.
+   A greedy placer that dead-ends leaves a fast plan over a limit; repaired, it often beats
+   m-fill's memory-first segments.
+3. The single-device plan, when the whole graph fits on one device.
+4. Local search (:func:`baechi.search.improve`) from the best plan, on the unreduced graph's
    units, in slices until :data:`SEARCH_PATIENCE` slices in a row gain less than
    :data:`SEARCH_MIN_GAIN`, or the deadline.
 
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,8 +40,17 @@ from baechi.algorithms import ALGORITHMS
 from baechi.algorithms.base import Assignment
 from baechi.algorithms.exact import EXACT_MAX_OPS
 from baechi.errors import InfeasiblePlacement
-from baechi.placing import Request, Run, add_seconds, run_algorithm, single_plan, unreduced
+from baechi.placing import (
+    Request,
+    Run,
+    add_seconds,
+    overshoot,
+    run_algorithm,
+    single_plan,
+    unreduced,
+)
 from baechi.plan import Candidate, Chosen
+from baechi.repair import repair
 from baechi.search import improve
 from baechi.simulate import Simulation
 
@@ -71,6 +85,9 @@ SEARCH_PATIENCE = 2
 #: Every candidate but the first may use at most this share of the time left when it starts
 #: (memory retries, solver time), so that the ones after it, and local search, get time too.
 CANDIDATE_SHARE = 0.5
+
+#: Refused plans (over memory) that ``auto`` tries to repair, those overshooting least first.
+REPAIR_STARTS = 2
 
 #: A step time within this relative distance of the lower bound is optimal.
 OPTIMAL_TOLERANCE = 1e-9
@@ -178,6 +195,14 @@ def place_auto(request: Request) -> Outcome:
             note="" if run.error is None else "no plan within memory"))
         if run.simulation is not None and (best is None or _faster(run, best)):
             best = run
+    if best is None or not _meets(best, _bound(request, runs)):
+        for repaired, candidate in _repairs(request, runs):
+            candidates.append(candidate)
+            seconds = add_seconds(seconds, {"repair": candidate.seconds})
+            if repaired is not None and (best is None or repaired.estimate.step_time_us
+                                         < best.simulation.estimate.step_time_us):
+                best = Run("repair", request.options.without_pipeline(), unreduced(request),
+                           repaired)
     single = single_plan(request)
     if single is not None:
         candidates.append(Candidate(algorithm="single", step_time_us=single.estimate.step_time_us))
@@ -224,6 +249,31 @@ def _run_entry(request: Request, entry: Entry, runs: list[Run], *, first: bool) 
         if fitting:
             hint = min(fitting, key=lambda r: r.simulation.estimate.step_time_us).assignment
     return run_algorithm(request, entry.algorithm, options, hint=hint, first=first)
+
+
+def _repairs(request: Request, runs: list[Run]) -> Iterator[tuple[Simulation | None, Candidate]]:
+    """Repair (:func:`baechi.repair.repair`) the refused plans that overshot least, at most
+    :data:`REPAIR_STARTS` of them, each with a share of the time left; yields each result
+    (``None`` when it did not reach a plan within memory) and its candidate entry."""
+    refused = sorted((r for r in runs if r.refused is not None),
+                     key=lambda r: sum(overshoot(r.refused, request.cluster).values()))
+    for run in refused[:REPAIR_STARTS]:
+        if request.expired():
+            return
+        assert run.refused is not None
+        tick = time.perf_counter()
+        fixed = repair(request.graph, request.cluster, run.refused.device_of, run.refused.orders,
+                       units=request.units, cost=request.cost,
+                       deadline=time.perf_counter() + CANDIDATE_SHARE * request.seconds_left())
+        simulation = None if fixed is None else request.replay(*fixed)
+        if simulation is not None and not simulation.estimate.memory_ok:
+            simulation = None  # the judge disagrees: never return it
+        yield simulation, Candidate(
+            algorithm="repair", pipeline=run.pipeline,
+            step_time_us=None if simulation is None else simulation.estimate.step_time_us,
+            seconds=time.perf_counter() - tick,
+            note=f"from {run.algorithm}'s plan over memory"
+                 + ("" if simulation is not None else "; no plan within memory"))
 
 
 def _faster(run: Run, best: Run) -> bool:

@@ -22,6 +22,7 @@ from baechi._version import __version__
 from baechi.algorithms import ALGORITHM_NAMES, DEFAULT_ALGORITHM
 from baechi.api import place
 from baechi.cluster import Cluster
+from baechi.defaults import DEFAULT_TIME_LIMIT_S
 from baechi.errors import InvalidCluster, MissingExtra, PlacementError
 from baechi.graph import load_graph
 from baechi.plan import Candidate, Estimate, Plan
@@ -290,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--portfolio", action="store_true",
                    help="also place the unreduced graph and with m-fill; keep the fastest plan")
     p.add_argument("--time-limit", type=float, default=None, metavar="S",
-                   help="solver time limit in seconds")
+                   help="deadline of the whole request in seconds (default "
+                        f"{DEFAULT_TIME_LIMIT_S:g}); auto returns its best plan by then")
     p.set_defaults(func=cmd_place)
 
     s = verbs.add_parser("simulate", help="replay a plan and print its summary")

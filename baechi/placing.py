@@ -87,6 +87,8 @@ class Run:
     seconds: dict[str, float] = field(default_factory=dict)
     #: The algorithm's assignment of the reduced graph (a warm start for solvers).
     assignment: Assignment | None = None
+    #: Without a plan within memory: the replay that overshot least (a start for repair).
+    refused: Simulation | None = None
 
     @property
     def pipeline(self) -> bool:
@@ -135,6 +137,7 @@ def run_algorithm(
     )
     place_fn = get_algorithm(algorithm)
     over_error: InfeasiblePlacement | None = None  # why the last plan was refused
+    refused: Simulation | None = None  # the refused plan that overshot least
     for attempt in range(MEMORY_RETRIES + 1):
         tick = time.perf_counter()
         try:
@@ -145,7 +148,8 @@ def run_algorithm(
                 # a retry cut short says less than the overshoot that caused it
                 exc = over_error or InfeasiblePlacement(f"{algorithm}: {exc.message}",
                                                         exc.details)
-            return Run(algorithm, options, reduction, None, exc, attempt, {}, seconds)
+            return Run(algorithm, options, reduction, None, exc, attempt, {}, seconds,
+                       refused=refused)
         seconds["place"] = seconds.get("place", 0.0) + time.perf_counter() - tick
         tick = time.perf_counter()
         device_of, orders = reduction.expand(assignment.device_of, assignment.orders)
@@ -156,9 +160,11 @@ def run_algorithm(
             return Run(algorithm, options, reduction, simulation, None, attempt,
                        for_the_request(assignment.stats, reduction), seconds, assignment)
         over_error = over_limit_error(request, simulation, over, algorithm)
+        if refused is None or sum(over.values()) < sum(overshoot(refused, cluster).values()):
+            refused = simulation
         if attempt == MEMORY_RETRIES or request.expired():
             return Run(algorithm, options, reduction, None, over_error, attempt,
-                       dict(assignment.stats), seconds)
+                       dict(assignment.stats), seconds, refused=refused)
         budget = list(problem.budget)
         for d, excess in over.items():
             # the placer's memory model can be off by more than the overshoot it was told

@@ -152,6 +152,10 @@ class PlanStats(BaseModel):
     #: The request's deadline (``options.time_limit_s``) passed before the plan was final:
     #: it is the best found by then.
     deadline_reached: bool = False
+    #: ``exact`` and ``auto``: whether the plan is proven optimal for the simulator's cost,
+    #: and the proven lower bound of every plan's step time (``None``: nothing proven).
+    optimal: bool | None = None
+    bound_us: float | None = None
 
 
 class Plan(BaseModel):

@@ -41,7 +41,7 @@ ALGORITHMS = ("m-topo", "m-etf", "m-sct", "m-fill")
 #: usually stops much earlier, when local search stagnates).
 AUTO_TIME_LIMIT_S = 2.0
 #: ``exact``'s time limit in the benchmark (it returns its best plan, proven or not).
-EXACT_TIME_LIMIT_S = 2.0
+EXACT_TIME_LIMIT_S = 1.0
 FRACTIONS = (None, 0.75, 0.5, 0.3)
 DEVICES = 4
 
@@ -239,7 +239,8 @@ def improvement(rows: list[dict[str, Any]]) -> list[str]:
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     settings: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
     for r in rows:
-        settings.setdefault((r["network"], r["memory"]), {}).setdefault(r["graph"], []).append(r)
+        settings.setdefault((r["network"], r["memory"]), {}).setdefault(
+            (r["group"], r["graph"]), []).append(r)
     for key in sorted(settings, key=lambda k: (k[0], MEMORY_LEVELS.index(k[1]))):
         graphs = settings[key]
         vs_etf, vs_best, auto_single, best_single, secs = [], [], [], [], []

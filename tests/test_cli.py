@@ -28,9 +28,16 @@ def test_readme_main_job_places_the_bundled_graph(tmp_path: Path) -> None:
                  "134", "--bandwidth-gbps", "5.7", "-o", str(plan_path))
     assert result.returncode == 0, result.stderr
     for line in ("step time", "lower bound", "single device", "speedup", "peak memory",
-                 "transfers", "placement", "reduction"):
+                 "transfers", "placement", "reduction", "algorithm      auto", "candidates",
+                 "chosen", "m-fill/unreduced"):
         assert line in result.stdout
     plan = json.loads(plan_path.read_text())
+    # auto, the default: better than its first plan (m-ETF's, 139.1 ms) and says how
+    first, *_ = plan["stats"]["candidates"]
+    assert (first["algorithm"], first["pipeline"]) == ("m-etf", True)
+    assert plan["estimate"]["step_time_us"] < first["step_time_us"]
+    assert plan["stats"]["chosen"]["algorithm"] in {c["algorithm"] for c in
+                                                    plan["stats"]["candidates"]}
     assert plan["format"] == "baechi.plan/v1" and len(plan["placement"]) == 2494
     # 768 MiB is below GNMT's single-device peak: the plan must use several devices
     assert len(set(plan["placement"].values())) > 1 and plan["estimate"]["memory_ok"]

@@ -24,7 +24,7 @@ import heapq
 import math
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from baechi.algorithms.base import Assignment, Problem
 from baechi.errors import InfeasiblePlacement
@@ -65,14 +65,28 @@ def place_etf(problem: Problem) -> Assignment:
     return ListScheduler(problem).run()
 
 
+class Candidate(NamedTuple):
+    """A ready op on a device, ordered as the scheduler chooses: earliest start, then the
+    longest remaining path (``neg_rank`` = −path), the canonical order, the device index."""
+
+    start: float
+    neg_rank: float
+    topo: int
+    device: int
+    op: int
+
+
 class ListScheduler:
     """Event-ordered list scheduling with per-device candidate heaps.
 
     For each device two heaps hold the ready ops allowed there: ``waiting`` (keyed by the
     time their data is ready on the device) and ``available`` (data ready before the device
     is free; keyed by priority). The best pair of a device is the top of ``available`` if
-    any, else the top of ``waiting``; the global choice is the best of the devices' bests.
-    Entries of ops committed elsewhere are dropped lazily.
+    any, else the top of ``waiting``; the global choice is the best of the devices' bests
+    (a :class:`Candidate`). Entries of ops committed elsewhere are dropped lazily.
+
+    The constructor builds the whole state (units, memory accounting, heaps, channel times);
+    :meth:`run` schedules every op once, so a scheduler is used for one run.
     """
 
     def __init__(self, problem: Problem, favourite_child: list[int] | None = None) -> None:
@@ -88,6 +102,46 @@ class ListScheduler:
         self.favourite_child = favourite_child
         self.rank = remaining_path(problem)
         self.topo_index = graph.topo_position
+        # the schedule being built (run() fills it; one run per scheduler)
+        g, n, n_dev = graph, len(graph), self.n_dev
+        self.units = problem.units
+        self.unit_device = list(self.units.pin)
+        self.unit_persistent = [
+            sum(g.persistent_bytes[op] for op in ops) for ops in self.units.members
+        ]
+        self.op_size = [g.temp_bytes[op] + g.output_bytes[op] for op in range(n)]
+        self.by_size = [sorted(ops, key=lambda op: -self.op_size[op])
+                        for ops in self.units.members]
+        self.size_cursor = [0] * len(self.units)
+        self.unit_reserve = [0] * len(self.units)  # bytes held back on the unit's device
+        self.reserved = [0] * n_dev
+        self.device_of = [-1] * n
+        self.end = [0.0] * n
+        self.done = [False] * n
+        self.device_free = [0.0] * n_dev
+        self.channel_free = [0.0] * n_dev
+        self.sent: dict[tuple[Any, ...], float] = {}
+        self.copy_bytes: dict[tuple[Any, ...], int] = {}
+        self.output_free = [0.0] * n
+        self.live = [0.0] * n_dev
+        self.frees: list[list[tuple[float, int]]] = [[] for _ in range(n_dev)]
+        self.pending_free = [0] * n_dev  # bytes in frees[d]
+        # per device, (bytes of room to wake at, topo index, op): see _block
+        self.blocked: list[list[tuple[float, int, int]]] = [[] for _ in range(n_dev)]
+        self.level_times: list[list[float]] = [[] for _ in range(n_dev)]
+        self.levels: list[list[float]] = [[] for _ in range(n_dev)]
+        self.available: list[list[Any]] = [[] for _ in range(n_dev)]
+        self.waiting: list[list[Any]] = [[] for _ in range(n_dev)]
+        for unit, d in enumerate(self.unit_device):
+            if d >= 0:  # pinned
+                self.live[d] += self.unit_persistent[unit]
+                self.unit_reserve[unit] = self._pending_peak(unit)
+                self.reserved[d] += self.unit_reserve[unit]
+        self.data_consumers = [
+            sum(1 for k in g.out_edges[op] if not g.edge_control[k]) for op in range(n)
+        ]
+        #: distinct producers each op still waits for
+        self.waiting_inputs = [len({g.edge_src[k] for k in g.in_edges[op]}) for op in range(n)]
 
     # ----------------------------------------------------------------- transfers
 
@@ -160,8 +214,8 @@ class ListScheduler:
         unit_device = self.unit_device[self.units.unit_of[op]]
         return self.done[op] or (unit_device >= 0 and unit_device != d)
 
-    def _best(self, d: int) -> tuple[float, float, int, int, int] | None:
-        """(start, -rank, topo index, device, op) of device ``d``'s best candidate."""
+    def _best(self, d: int) -> Candidate | None:
+        """Device ``d``'s best candidate."""
         available, waiting = self.available[d], self.waiting[d]
         while waiting and waiting[0][0] <= self.device_free[d]:
             ready, neg_rank, topo, op = heapq.heappop(waiting)
@@ -170,12 +224,12 @@ class ListScheduler:
             heapq.heappop(available)
         if available:
             neg_rank, topo, _, op = available[0]
-            return (self.device_free[d], neg_rank, topo, d, op)
+            return Candidate(self.device_free[d], neg_rank, topo, d, op)
         while waiting and self._stale(waiting[0][3], d):
             heapq.heappop(waiting)
         if waiting:
             ready, neg_rank, topo, op = waiting[0]
-            return (ready, neg_rank, topo, d, op)
+            return Candidate(ready, neg_rank, topo, d, op)
         return None
 
     def _drop(self, d: int, op: int) -> None:
@@ -324,43 +378,7 @@ class ListScheduler:
     def run(self) -> Assignment:
         problem, g = self.problem, self.graph
         n, n_dev = len(g), self.n_dev
-        self.units = problem.units
-        self.unit_device = list(self.units.pin)
-        self.unit_persistent = [
-            sum(g.persistent_bytes[op] for op in ops) for ops in self.units.members
-        ]
-        self.op_size = [g.temp_bytes[op] + g.output_bytes[op] for op in range(n)]
-        self.by_size = [sorted(ops, key=lambda op: -self.op_size[op])
-                        for ops in self.units.members]
-        self.size_cursor = [0] * len(self.units)
-        self.unit_reserve = [0] * len(self.units)  # bytes held back on the unit's device
-        self.reserved = [0] * n_dev
-        self.device_of = [-1] * n
-        self.end = [0.0] * n
-        self.done = [False] * n
-        self.device_free = [0.0] * n_dev
-        self.channel_free = [0.0] * n_dev
-        self.sent: dict[tuple[Any, ...], float] = {}
-        self.copy_bytes: dict[tuple[Any, ...], int] = {}
-        self.output_free = [0.0] * n
-        self.live = [0.0] * n_dev
-        self.frees: list[list[tuple[float, int]]] = [[] for _ in range(n_dev)]
-        self.pending_free = [0] * n_dev  # bytes in frees[d]
-        # per device, (bytes of room to wake at, topo index, op): see _block
-        self.blocked: list[list[tuple[float, int, int]]] = [[] for _ in range(n_dev)]
-        self.level_times: list[list[float]] = [[] for _ in range(n_dev)]
-        self.levels: list[list[float]] = [[] for _ in range(n_dev)]
-        self.available: list[list[Any]] = [[] for _ in range(n_dev)]
-        self.waiting: list[list[Any]] = [[] for _ in range(n_dev)]
-        for unit, d in enumerate(self.unit_device):
-            if d >= 0:  # pinned
-                self.live[d] += self.unit_persistent[unit]
-                self.unit_reserve[unit] = self._pending_peak(unit)
-                self.reserved[d] += self.unit_reserve[unit]
-        self.data_consumers = data_consumers = [
-            sum(1 for k in g.out_edges[op] if not g.edge_control[k]) for op in range(n)
-        ]
-        waiting_inputs = [len({g.edge_src[k] for k in g.in_edges[op]}) for op in range(n)]
+        data_consumers, waiting_inputs = self.data_consumers, self.waiting_inputs
         orders: list[list[int]] = [[] for _ in range(n_dev)]
         self.budget = budget = problem.budget
         forced = 0
@@ -437,8 +455,9 @@ class ListScheduler:
                 return None
             if self.favourite_child is not None:
                 bests = self._favour(bests, last_device, no_favour)
-            start, _, _, d, op = choice = min(bests)
-            is_top = choice[4] == self._best(d)[4]  # type: ignore[index]
+            choice = min(bests)
+            start, d, op = choice.start, choice.device, choice.op
+            is_top = op == self._best(d).op  # type: ignore[union-attr]
             if self.sequential and is_top:
                 # channels got busier since the op was offered: re-key it and choose again
                 ready = self.data_ready(op, d)
@@ -455,27 +474,27 @@ class ListScheduler:
             self._block(op, d)
 
     def _favour(
-        self, bests: list[Any], last_device: list[int], no_favour: set[int]
-    ) -> list[Any]:
+        self, bests: list[Candidate], last_device: list[int], no_favour: set[int]
+    ) -> list[Candidate]:
         """m-SCT: a device whose last op has a ready favourite child takes that child next,
         unless an urgent op (ready everywhere now, i.e. at the device's free time) exists."""
         favoured = []
         for best in bests:
-            d, op = best[3], best[4]
+            d, op = best.device, best.op
             last = last_device[d]
             child = self.favourite_child[last] if last >= 0 else -1  # type: ignore[index]
             waits = d not in no_favour and child >= 0 and child != op and not self.done[child]
             if waits and not self._urgent(best):
                 ready_here = self._candidate_start(child, d)
                 if ready_here is not None:
-                    favoured.append((ready_here, -self.rank[child], self.topo_index[child], d,
-                                     child))
+                    favoured.append(Candidate(ready_here, -self.rank[child],
+                                              self.topo_index[child], d, child))
                     continue
             favoured.append(best)
         return favoured
 
-    def _urgent(self, best: Any) -> bool:
-        start, _, _, d, op = best
+    def _urgent(self, best: Candidate) -> bool:
+        start, d, op = best.start, best.device, best.op
         return start <= self.device_free[d] and all(
             self.data_ready(op, e) <= start for e in self._allowed(op)
         )
