@@ -37,7 +37,7 @@ from baechi.throughput import is_backward, kept_activation_bytes, tensors, throu
 NS_PER_US = 1000
 
 #: Share of the time limit the contiguous solve may use when it only warm-starts the other.
-CONTIGUOUS_SHARE = 0.5
+CONTIGUOUS_SHARE = 0.6
 
 
 def _ns(us: float) -> int:
