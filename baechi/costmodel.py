@@ -61,6 +61,11 @@ class CostModel:
         self.op_us: list[list[float]] = [
             _op_times(graph, device.kind, device.speed) for device in cluster.devices
         ]
+        kinds = {device.kind for device in cluster.devices}
+        #: Whether some op's ``compute_us_by_kind`` names a kind of this cluster (else every
+        #: time is ``compute_us / speed``, as before DESIGN §10).
+        self.kinds_matter = graph.compute_us_by_kind is not None and any(
+            kind in kinds for by_kind in graph.compute_us_by_kind for kind in by_kind)
         self.fastest_us: list[float] = [
             min(times) for times in zip(*self.op_us, strict=True)
         ] if self.op_us else []
@@ -150,7 +155,7 @@ class CostModel:
         """The device of the single-device plan: where every op can run and the sum of op
         times is least (the fastest device when no op has ``compute_us_by_kind``); -1 when no
         device can run every op."""
-        if self.graph.compute_us_by_kind is None:
+        if not self.kinds_matter:
             return self.cluster.fastest()
         best, best_total = -1, math.inf
         for d, us in enumerate(self.op_us):
@@ -182,7 +187,7 @@ class CostModel:
             if finish[op] > longest:
                 longest = finish[op]
         devices = self.cluster.devices
-        if graph.compute_us_by_kind is None:
+        if not self.kinds_matter:
             spread = float(sum(graph.compute_us)) / sum(d.speed for d in devices)
         else:
             spread = math.fsum(fastest) / len(devices)

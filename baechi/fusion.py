@@ -63,6 +63,7 @@ class Fusion:
 def fusion_partition(
     graph: Graph, unit_of: list[int], max_visits: int = MAX_VISITS,
     stats: dict[str, int] | None = None, max_scan: int = MAX_SCAN, cap: float = math.inf,
+    kinds: frozenset[str] | None = None,
 ) -> tuple[list[int], int]:
     """Which ops fuse into one node: contract edges inside units without creating a cycle.
 
@@ -121,8 +122,10 @@ def fusion_partition(
     proxy = MemoryProxy(graph)  # of each node, at its root
     # kinds with a measured time per op (compute_us_by_kind): a node sums its members' times
     # per kind, so only ops measured on the same kinds fuse (nulls fuse with anything)
+    # (``kinds``: the cluster's device kinds; None = every kind counts)
     timed_kinds = None if graph.compute_us_by_kind is None else [
-        frozenset(k for k, us in by_kind.items() if us is not None)
+        frozenset(k for k, us in by_kind.items()
+                  if us is not None and (kinds is None or k in kinds))
         for by_kind in graph.compute_us_by_kind]
     # a node's version changes when it or a neighbour merges: a skipped edge is only worth
     # retrying when one of its two nodes changed since
@@ -482,7 +485,8 @@ def fuse(
     (['x', 'w'], [[1], [0, 2]], [[0], [1]])
     """
     stats: dict[str, int] = {}
-    node_of, count = fusion_partition(graph, units.unit_of, max_visits, stats, cap=cap)
+    node_of, count = fusion_partition(graph, units.unit_of, max_visits, stats, cap=cap,
+                                      kinds=frozenset(d.kind for d in cluster.devices))
     fusion = contract(graph, cluster, units, node_of, count)
     fusion.stats = stats
     return fusion

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 import pytest
+from conftest import DATA, HAVE_SHARED, SHARED
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -232,3 +234,35 @@ def test_knowing_the_cluster_beats_placing_as_if_uniform() -> None:
     blind = place(doc, uniform, "m-etf", options)
     assert aware.estimate.step_time_us == 15.0
     assert simulate(doc, blind, real).step_time_us == 20.0
+
+
+def _explicit_defaults(case: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The case with DESIGN §10's fields written out at values that change nothing: kinds and
+    host at their defaults, a link per device pair equal to the default link, a time for a
+    kind the cluster does not have."""
+    cluster = Cluster.parse(case["plan"]["request"]["cluster"]).to_json()
+    names = [d["name"] for d in cluster["devices"]]
+    for device in cluster["devices"]:
+        device.update(kind="gpu", host=False)
+    network = cluster["network"]
+    network["links"] = [{"devices": [a, b], "latency_us": network["latency_us"],
+                         **({"bandwidth_gbps": network["bandwidth_gbps"]}
+                            if "bandwidth_gbps" in network else {})}
+                        for i, a in enumerate(names) for b in names[i + 1:]]
+    graph = {**case["graph"], "ops": [{**o, "compute_us_by_kind": {"tpu": 1.0}}
+                                      for o in case["graph"]["ops"]]}
+    plan = {**case["plan"], "request": {**case["plan"]["request"], "cluster": cluster}}
+    return graph, plan
+
+
+CONFORMANCE_CASES = sorted(
+    (SHARED if HAVE_SHARED else DATA).joinpath("conformance").glob("case*.json"))
+
+
+@pytest.mark.parametrize("path", CONFORMANCE_CASES, ids=[p.stem for p in CONFORMANCE_CASES])
+def test_conformance_unchanged_with_the_new_fields_at_neutral_values(path: Any) -> None:
+    case = json.loads(path.read_text())
+    if not case["expect"]["valid"]:
+        return
+    graph, plan = _explicit_defaults(case)
+    assert simulate(graph, plan) == simulate(case["graph"], case["plan"])

@@ -85,7 +85,7 @@ def allowed_devices(
     """Per unit, the devices where every member can run (``None``: every device, no op has
     ``compute_us_by_kind``). Raises when a unit can run nowhere or is pinned where it cannot.
     """
-    if graph.compute_us_by_kind is None:
+    if not cost.kinds_matter:
         return None
     cost.check_runnable()
     allowed = []

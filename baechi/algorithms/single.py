@@ -20,7 +20,7 @@ def place_single(problem: Problem) -> Assignment:
     if len(pins) > 1:
         raise InfeasiblePlacement("single: the graph pins ops to more than one device")
     cost = problem.cost
-    if graph.compute_us_by_kind is None:
+    if not cost.kinds_matter:
         ranked = sorted(range(len(cluster.devices)), key=lambda d: -cluster.devices[d].speed)
         peak = cost.single_device_run()[1]
     else:  # only devices where every op can run, least total time first

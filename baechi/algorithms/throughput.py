@@ -37,7 +37,7 @@ from baechi.throughput import is_backward, kept_activation_bytes, tensors, throu
 NS_PER_US = 1000
 
 #: Share of the time limit the contiguous solve may use when it only warm-starts the other.
-CONTIGUOUS_SHARE = 0.4
+CONTIGUOUS_SHARE = 0.6
 
 
 def _ns(us: float) -> int:
@@ -71,10 +71,60 @@ def place_split(problem: Problem) -> Assignment:
     return best
 
 
-def _unit_orders(problem: Problem) -> list[list[int]]:
-    """Two linear orders of the units: by first op in the canonical order, and depth first
-    (Kahn's algorithm on the forward edges between units with a stack, so that a chain of
-    ops stays together, which the canonical order breaks on operator graphs)."""
+def _components(successors: list[set[int]], nodes: list[int]) -> list[int]:
+    """Strongly connected components of ``nodes`` (Kosaraju, iterative): a component id per
+    node (-1 for nodes not listed). Forward edges between colocation units can cycle (a group
+    holding ops of two layers); such units must share a stage."""
+    n = len(successors)
+    inside = [False] * n
+    for u in nodes:
+        inside[u] = True
+    finished: list[int] = []
+    seen = [False] * n
+    for root in nodes:
+        if seen[root]:
+            continue
+        seen[root] = True
+        stack = [(root, iter(successors[root]))]
+        while stack:
+            u, children = stack[-1]
+            for v in children:
+                if inside[v] and not seen[v]:
+                    seen[v] = True
+                    stack.append((v, iter(successors[v])))
+                    break
+            else:
+                stack.pop()
+                finished.append(u)
+    predecessors: list[list[int]] = [[] for _ in range(n)]
+    for u in nodes:
+        for v in successors[u]:
+            if inside[v]:
+                predecessors[v].append(u)
+    comp = [-1] * n
+    count = 0
+    for root in reversed(finished):
+        if comp[root] >= 0:
+            continue
+        comp[root] = count
+        todo = [root]
+        while todo:
+            u = todo.pop()
+            for v in predecessors[u]:
+                if comp[v] < 0:
+                    comp[v] = count
+                    todo.append(v)
+        count += 1
+    return comp
+
+
+def _unit_orders(problem: Problem) -> list[tuple[list[int], list[bool]]]:
+    """Linear orders of the units whose cuts are contiguous splits, each with the positions a
+    segment may start at: by first op in the canonical order (when that order is valid), and
+    depth first (Kahn's algorithm with a stack over the components of the forward edges
+    between units, so that a chain of ops stays together, which the canonical order breaks
+    on operator graphs). Units of backward ops only follow the first unit they exchange
+    tensors with; a component (units whose forward edges cycle) is never cut."""
     graph, units = problem.graph, problem.units
     first = [-1] * len(units)
     canonical: list[int] = []
@@ -98,49 +148,103 @@ def _unit_orders(problem: Problem) -> list[list[int]]:
         neighbours[ub].add(ua)
         if not is_backward(graph, a) and not is_backward(graph, b):
             successors[ua].add(ub)
-    indegree = [0] * len(units)
-    for succ in successors:
-        for b in succ:
-            indegree[b] += 1
-    stack = sorted((u for u in range(len(units)) if forward[u] and not indegree[u]),
-                   key=lambda u: -first[u])
+    forward_units = [u for u in canonical if forward[u]]
+    comp = _components(successors, forward_units)
+    members: dict[int, list[int]] = {}
+    for u in forward_units:  # in canonical order
+        members.setdefault(comp[u], []).append(u)
+    comp_successors: dict[int, set[int]] = {c: set() for c in members}
+    for u in forward_units:
+        for v in successors[u]:
+            if comp[v] != comp[u]:
+                comp_successors[comp[u]].add(comp[v])
+    indegree = dict.fromkeys(members, 0)
+    for succ in comp_successors.values():
+        for c in succ:
+            indegree[c] += 1
+    key = {c: first[ms[0]] for c, ms in members.items()}
+    stack = sorted((c for c in members if not indegree[c]), key=lambda c: -key[c])
     depth_first: list[int] = []
     while stack:
-        u = stack.pop()
-        depth_first.append(u)
+        c = stack.pop()
+        depth_first.extend(members[c])
         ready = []
-        for b in successors[u]:
-            indegree[b] -= 1
-            if not indegree[b]:
-                ready.append(b)
-        stack.extend(sorted(ready, key=lambda b: -first[b]))
-    if len(depth_first) < sum(forward):  # forward edges between units cycle
-        return [canonical]
-    # units of backward ops only follow the earliest unit they exchange tensors with
-    rank = {u: i for i, u in enumerate(depth_first)}
+        for d in comp_successors[c]:
+            indegree[d] -= 1
+            if not indegree[d]:
+                ready.append(d)
+        stack.extend(sorted(ready, key=lambda d: -key[d]))
+    orders = []
+    for base in (canonical, depth_first):
+        order = _with_backward_units(base, forward, neighbours, first)
+        starts = _segment_starts(order, comp, successors, forward)
+        if starts is not None:
+            orders.append((order, starts))
+    return orders
+
+
+def _with_backward_units(
+    base: list[int], forward: list[bool], neighbours: list[set[int]], first: list[int]
+) -> list[int]:
+    """``base``'s forward units, each followed by the backward-only units anchored to it (the
+    earliest unit they exchange tensors with; chains of them follow their anchor)."""
+    forward_order = [u for u in base if forward[u]]
+    rank = {u: i for i, u in enumerate(forward_order)}
     after: dict[int, list[int]] = {}
-    pending = sorted((u for u in range(len(units)) if not forward[u]), key=first.__getitem__)
+    pending = sorted((u for u in range(len(forward)) if not forward[u]), key=first.__getitem__)
     while pending:
         left = []
         for u in pending:
             placed = [rank[v] for v in neighbours[u] if v in rank]
             if placed:
-                anchor = depth_first[min(placed)]
+                anchor = forward_order[min(placed)]
                 after.setdefault(anchor, []).append(u)
                 rank[u] = rank[anchor]
             else:
                 left.append(u)
         if len(left) == len(pending):
-            after.setdefault(depth_first[-1] if depth_first else -1, []).extend(left)
+            after.setdefault(forward_order[-1] if forward_order else -1, []).extend(left)
             break
         pending = left
-    merged: list[int] = list(after.get(-1, []))
-    stack2 = list(reversed(depth_first))
-    while stack2:
-        u = stack2.pop()
-        merged.append(u)
-        stack2.extend(reversed(after.get(u, [])))
-    return [canonical, merged]
+    order: list[int] = list(after.get(-1, []))
+    stack = list(reversed(forward_order))
+    while stack:
+        u = stack.pop()
+        order.append(u)
+        stack.extend(reversed(after.get(u, [])))
+    return order
+
+
+def _segment_starts(
+    order: list[int], comp: list[int], successors: list[set[int]], forward: list[bool]
+) -> list[bool] | None:
+    """Where a segment of ``order`` may start so that every cut is a contiguous split: not
+    inside a component; ``None`` when the order itself breaks a forward edge."""
+    position = {u: i for i, u in enumerate(order)}
+    for u in order:
+        if forward[u]:
+            for v in successors[u]:
+                if comp[v] != comp[u] and position[v] < position[u]:
+                    return None
+    starts = [True] * (len(order) + 1)
+    last_comp = -1
+    seen_comps: set[int] = set()
+    for i, u in enumerate(order):
+        if not forward[u]:
+            continue
+        c = comp[u]
+        if c == last_comp:
+            # units between two members of a component stay with it
+            j = i
+            while j > 0 and (not forward[order[j - 1]] or comp[order[j - 1]] != c):
+                starts[j] = False
+                j -= 1
+            starts[i] = False
+        elif c in seen_comps:
+            return None  # a component split by another one
+        seen_comps.add(c)
+        last_comp = c
+    return starts
 
 
 def _linear_split(problem: Problem, allowed: list[list[int]]) -> list[int] | None:
@@ -150,24 +254,16 @@ def _linear_split(problem: Problem, allowed: list[list[int]]) -> list[int] | Non
     tensors it sends and receives, as in the CP-SAT model); the better cut wins. Every
     segment's communication comes from 2-D difference arrays (O(n² + tensors)); the DP is
     vectorised. ``None`` when no cut respects the kinds and memory."""
-    graph, units = problem.graph, problem.units
-    forward_pairs = {(units.unit_of[graph.edge_src[k]], units.unit_of[graph.edge_dst[k]])
-                     for k in range(graph.num_edges)
-                     if not is_backward(graph, graph.edge_src[k])
-                     and not is_backward(graph, graph.edge_dst[k])}
     best: tuple[float, list[int]] | None = None
-    for order in _unit_orders(problem):
-        rank = {u: i for i, u in enumerate(order)}
-        if any(rank[a] > rank[b] for a, b in forward_pairs):
-            continue  # its cuts would not be contiguous
-        found = _cut(problem, allowed, order)
+    for order, starts in _unit_orders(problem):
+        found = _cut(problem, allowed, order, starts)
         if found is not None and (best is None or found[0] < best[0]):
             best = found
     return best[1] if best is not None else None
 
 
 def _cut(
-    problem: Problem, allowed: list[list[int]], order: list[int]
+    problem: Problem, allowed: list[list[int]], order: list[int], starts: list[bool]
 ) -> tuple[float, list[int]] | None:
     """The best cut of ``order`` (see :func:`_linear_split`): (largest load, unit devices)."""
     import numpy as np
@@ -223,6 +319,8 @@ def _cut(
         blocked = np.concatenate([[0], np.cumsum(~runs)])
         load = compute[None, 1:] - compute[:-1, None] + comm  # load[i][j] of units i..j
         bad = (blocked[None, 1:] - blocked[:-1, None]) > 0
+        cuts = np.array(starts)
+        bad |= ~(cuts[:-1, None] & cuts[None, 1:])  # segment i..j: starts at i, next at j+1
         limit = cluster.devices[d].memory_bytes
         if limit is not None:
             bad |= (persistent[None, 1:] - persistent[:-1, None]) > limit
