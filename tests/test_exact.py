@@ -321,3 +321,12 @@ def test_outputs_held_over_time_fit_memory() -> None:
     run = replayed(problem, result)
     assert run.estimate.memory_ok and run.estimate.peak_memory_bytes["/GPU:0"] == 6
     assert result.stats["optimal"] is True and run.estimate.step_time_us == 4.0
+
+
+def test_progress_is_reported_from_start_to_end() -> None:
+    reports: list[tuple[str, float]] = []
+    problem = problem_of(layered(1, 20, 1.0), small_cluster(3), time_limit_s=5,
+                         progress=lambda phase, fraction: reports.append((phase, fraction)))
+    place_exact(problem)
+    assert reports[0] == ("place", 0.0) and reports[-1] == ("place", 1.0)
+    assert all(0.0 <= f <= 1.0 for _, f in reports)

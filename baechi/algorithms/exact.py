@@ -56,7 +56,7 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
-from baechi.algorithms.base import Assignment, Problem
+from baechi.algorithms.base import Assignment, Problem, Progress
 from baechi.algorithms.etf import place_etf
 from baechi.costmodel import CostModel
 from baechi.errors import InfeasiblePlacement
@@ -78,6 +78,9 @@ REPLAYED_SOLUTIONS = 20
 #: Above this many ops, or channel intervals, CP-SAT's presolve does not probe.
 PROBING_MAX_OPS = 150
 PROBING_MAX_INTERVALS = 1000
+
+#: Least seconds between two progress reports while the solver finds better plans.
+PROGRESS_EVERY_S = 0.5
 
 #: Largest scale (integer time units per µs).
 MAX_SCALE = 10**6
@@ -150,8 +153,10 @@ def place_exact(problem: Problem) -> Assignment:
         # probing in presolve took the whole time limit on 300-op models (no solution,
         # not even the hint's); without it CP-SAT starts from the hint at once
         solver.parameters.cp_model_probing_level = 0
-    collector = _Collector(built)
+    collector = _Collector(built, problem.progress, solver.parameters.max_time_in_seconds)
+    problem.progress("place", 0.0)
     status = solver.Solve(built.model, collector)
+    problem.progress("place", 1.0)
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     # the bound holds for the request only while the model's budgets are the devices' limits
     # (a retry after an overshoot lowers them: plans the request allows are then cut off)
@@ -191,15 +196,23 @@ def place_exact(problem: Problem) -> Assignment:
 
 
 class _Collector(cp_model.CpSolverSolutionCallback):
-    """Keeps every plan the solver finds, in the order found."""
+    """Keeps every plan the solver finds, in the order found, and reports progress (the
+    share of the time limit spent) at most every :data:`PROGRESS_EVERY_S` seconds."""
 
-    def __init__(self, built: _Model) -> None:
+    def __init__(self, built: _Model, progress: Progress, limit_s: float) -> None:
         super().__init__()
         self.built = built
+        self.progress = progress
+        self.limit_s = limit_s
+        self.reported = 0.0
         self.plans: list[tuple[list[int], list[list[int]]]] = []
 
     def on_solution_callback(self) -> None:
         self.plans.append(self.built.plan(self))
+        now = self.WallTime()
+        if now - self.reported >= PROGRESS_EVERY_S:
+            self.reported = now
+            self.progress("place", min(1.0, now / self.limit_s))
 
 
 def _better(a: Simulation, b: Simulation) -> bool:
