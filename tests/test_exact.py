@@ -306,3 +306,27 @@ def test_bound_rounds_up_to_whole_ticks() -> None:
     assert result.stats["bound_us"] == pytest.approx(1.2)
     assert replayed(problem, result).estimate.step_time_us == pytest.approx(1.2)
     assert result.stats["optimal"] is True
+
+
+def test_outputs_held_over_time_fit_memory() -> None:
+    """One device of 10 bytes; a and b make 6-byte outputs read by c and d. The hint runs
+    a, b, c, d (both outputs held at once: 12 bytes); the memory model over time (outputs
+    held from their op's start to their last consumer's end) makes the solver run a, c, b, d."""
+    doc = graph_doc([op("a", 1, output_bytes=6), op("b", 1, output_bytes=6), op("c", 1),
+                     op("d", 1)], [edge("a", "c", 6), edge("b", "d", 6)])
+    problem = problem_of(doc, small_cluster(1, memory_bytes=10), time_limit_s=5)
+    problem.hint = Assignment([0, 0, 0, 0], [[0, 1, 2, 3]])
+    assert not replayed(problem, problem.hint).estimate.memory_ok
+    result = place_exact(problem)
+    run = replayed(problem, result)
+    assert run.estimate.memory_ok and run.estimate.peak_memory_bytes["/GPU:0"] == 6
+    assert result.stats["optimal"] is True and run.estimate.step_time_us == 4.0
+
+
+def test_progress_is_reported_from_start_to_end() -> None:
+    reports: list[tuple[str, float]] = []
+    problem = problem_of(layered(1, 20, 1.0), small_cluster(3), time_limit_s=5,
+                         progress=lambda phase, fraction: reports.append((phase, fraction)))
+    place_exact(problem)
+    assert reports[0] == ("place", 0.0) and reports[-1] == ("place", 1.0)
+    assert all(0.0 <= f <= 1.0 for _, f in reports)

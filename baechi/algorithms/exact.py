@@ -10,7 +10,9 @@ The model, for a graph small enough (:data:`EXACT_MAX_OPS`; ``auto`` calls it on
   on another device by its transfer time on that device pair; on the same device by nothing;
 - sequential mode: each message is also an optional interval on the sender's and the
   receiver's channel, which carry one message at a time;
-- the persistent bytes placed on a device fit its budget;
+- the persistent bytes placed on a device fit its budget, and under a budget the bytes held
+  over time (persistent, temps while ops run, outputs until their last consumer on the
+  device ends; received copies left out) too;
 - minimise the makespan.
 
 What is exact and what is not (details in ``docs/exact.md``). Every simulator run of any plan is
@@ -19,8 +21,9 @@ of every plan's step time (``stats.bound_us``). With ``network.mode: "parallel"`
 limit the model is the simulator's cost model too: the replay of the solver's plan equals its
 objective, and an OPTIMAL status is the best step time of any plan. In sequential mode the
 simulator books channels first come, first served, which the solver's channel order may not
-follow, and under memory limits the model counts persistent bytes only: there the plan's step
-time is its replay. In every mode ``stats.optimal`` is claimed only when the returned plan fits
+follow, and under memory limits the model leaves out received copies and the replay may
+start ops earlier than the solution (allocating earlier): there the plan's step time and peak
+are its replay. In every mode ``stats.optimal`` is claimed only when the returned plan fits
 memory and its replay meets the proven bound, so it is never claimed falsely. Times are
 integers: µs times ``scale`` (the smallest power of ten, up to 10**6, that makes every time
 whole; else rounded, and then the bound is lowered by the largest relative rounding error).
@@ -53,7 +56,7 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
-from baechi.algorithms.base import Assignment, Problem
+from baechi.algorithms.base import Assignment, Problem, Progress
 from baechi.algorithms.etf import place_etf
 from baechi.costmodel import CostModel
 from baechi.errors import InfeasiblePlacement
@@ -75,6 +78,9 @@ REPLAYED_SOLUTIONS = 20
 #: Above this many ops, or channel intervals, CP-SAT's presolve does not probe.
 PROBING_MAX_OPS = 150
 PROBING_MAX_INTERVALS = 1000
+
+#: Least seconds between two progress reports while the solver finds better plans.
+PROGRESS_EVERY_S = 0.5
 
 #: Largest scale (integer time units per µs).
 MAX_SCALE = 10**6
@@ -147,8 +153,10 @@ def place_exact(problem: Problem) -> Assignment:
         # probing in presolve took the whole time limit on 300-op models (no solution,
         # not even the hint's); without it CP-SAT starts from the hint at once
         solver.parameters.cp_model_probing_level = 0
-    collector = _Collector(built)
+    collector = _Collector(built, problem.progress, solver.parameters.max_time_in_seconds)
+    problem.progress("place", 0.0)
     status = solver.Solve(built.model, collector)
+    problem.progress("place", 1.0)
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     # the bound holds for the request only while the model's budgets are the devices' limits
     # (a retry after an overshoot lowers them: plans the request allows are then cut off)
@@ -188,15 +196,23 @@ def place_exact(problem: Problem) -> Assignment:
 
 
 class _Collector(cp_model.CpSolverSolutionCallback):
-    """Keeps every plan the solver finds, in the order found."""
+    """Keeps every plan the solver finds, in the order found, and reports progress (the
+    share of the time limit spent) at most every :data:`PROGRESS_EVERY_S` seconds."""
 
-    def __init__(self, built: _Model) -> None:
+    def __init__(self, built: _Model, progress: Progress, limit_s: float) -> None:
         super().__init__()
         self.built = built
+        self.progress = progress
+        self.limit_s = limit_s
+        self.reported = 0.0
         self.plans: list[tuple[list[int], list[list[int]]]] = []
 
     def on_solution_callback(self) -> None:
         self.plans.append(self.built.plan(self))
+        now = self.WallTime()
+        if now - self.reported >= PROGRESS_EVERY_S:
+            self.reported = now
+            self.progress("place", min(1.0, now / self.limit_s))
 
 
 def _better(a: Simulation, b: Simulation) -> bool:
@@ -235,12 +251,14 @@ class _Model:
         start = self.start = [model.NewIntVar(0, horizon, f"s{v}") for v in range(n)]
         end = self.end = [model.NewIntVar(0, horizon, f"e{v}") for v in range(n)]
         per_device: list[list[Any]] = [[] for _ in range(n_dev)]
+        self.op_interval: dict[tuple[int, int], Any] = {}
         for v in range(n):
             u = units.unit_of[v]
             for d in allowed[u]:
                 size = self.ticks(cost.op_us[d][v])
-                per_device[d].append(model.NewOptionalFixedSizeIntervalVar(
-                    start[v], size, on[u, d], f"i{v}d{d}"))
+                interval = self.op_interval[v, d] = model.NewOptionalFixedSizeIntervalVar(
+                    start[v], size, on[u, d], f"i{v}d{d}")
+                per_device[d].append(interval)
                 model.Add(end[v] == start[v] + size).OnlyEnforceIf(on[u, d])
         for intervals in per_device:
             model.AddNoOverlap(intervals)
@@ -261,6 +279,9 @@ class _Model:
             if math.isfinite(problem.budget[d]):
                 model.Add(sum(persistent[u] * on[u, d] for u in range(n_units)
                               if (u, d) in on) <= int(problem.budget[d]))
+        self.life: dict[int, tuple[Any, dict[int, Any]]] = {}
+        if any(math.isfinite(b) for b in problem.budget):
+            self._memory(allowed, persistent)
         self.symmetric = _interchangeable(problem, cost)
         self.numbering: list[tuple[Any, Any]] = []
         if self.symmetric:
@@ -300,6 +321,58 @@ class _Model:
                     if delay > least and (unit_a, a) in on and (unit_b, b) in on:
                         model.Add(start[dst] >= end[m.src] + self.ticks(delay)).OnlyEnforceIf(
                             [on[unit_a, a], on[unit_b, b]])
+
+    def _memory(self, allowed: list[list[int]], persistent: list[int]) -> None:
+        """Memory over time on each device with a budget (a cumulative): the persistent bytes
+        of its units throughout, an op's temp while it runs, its output from its start until
+        its end and the end of every data consumer on the same device. Received copies are
+        left out (a relaxation)."""
+        problem, model, on = self.problem, self.model, self.on
+        graph, units = problem.graph, problem.units
+        unit_of = units.unit_of
+        for v in range(len(graph)):
+            if not graph.output_bytes[v]:
+                continue
+            life = model.NewIntVar(0, self.horizon, f"life{v}")
+            model.Add(life >= self.end[v])
+            for k in graph.out_edges[v]:
+                c = graph.edge_dst[k]
+                if graph.edge_control[k]:
+                    continue
+                if unit_of[c] == unit_of[v]:
+                    model.Add(life >= self.end[c])
+                    continue
+                pair = (min(unit_of[v], unit_of[c]), max(unit_of[v], unit_of[c]))
+                if pair not in self.same:
+                    self.same[pair] = _same_device(model, on, allowed, *pair)
+                model.Add(life >= self.end[c]).OnlyEnforceIf(self.same[pair][0])
+            sizes = {}
+            for d in allowed[unit_of[v]]:
+                if math.isfinite(problem.budget[d]):
+                    sizes[d] = model.NewIntVar(0, self.horizon, f"held{v}d{d}")
+            self.life[v] = (life, sizes)
+        for d, budget in enumerate(problem.budget):
+            if not math.isfinite(budget):
+                continue
+            intervals, demands = [], []
+            for u in range(len(units)):
+                if persistent[u] and (u, d) in on:
+                    intervals.append(model.NewOptionalFixedSizeIntervalVar(
+                        0, self.horizon, on[u, d], f"w{u}d{d}"))
+                    demands.append(persistent[u])
+            for (v, dev), interval in self.op_interval.items():
+                if dev != d:
+                    continue
+                if graph.temp_bytes[v]:
+                    intervals.append(interval)
+                    demands.append(graph.temp_bytes[v])
+                if v in self.life:
+                    life, sizes = self.life[v]
+                    intervals.append(model.NewOptionalIntervalVar(
+                        self.start[v], sizes[d], life, on[unit_of[v], d], f"o{v}d{d}"))
+                    demands.append(graph.output_bytes[v])
+            if intervals:
+                model.AddCumulative(intervals, demands, int(budget))
 
     def _channels(self, messages: list[Message], allowed: list[list[int]],
                   n_dev: int) -> None:
@@ -351,6 +424,15 @@ class _Model:
             model.AddHint(self.start[v], self.ticks(run.start[v]))
             model.AddHint(self.end[v], self.ticks(run.end[v]))
         model.AddHint(self.makespan, self.ticks(run.estimate.step_time_us))
+        graph = problem.graph
+        for v, (life, sizes) in self.life.items():
+            d = hint.device_of[v]
+            held = max([run.end[v]] + [run.end[graph.edge_dst[k]] for k in graph.out_edges[v]
+                                       if not graph.edge_control[k]
+                                       and hint.device_of[graph.edge_dst[k]] == d])
+            model.AddHint(life, self.ticks(held))
+            for var in sizes.values():
+                model.AddHint(var, self.ticks(held) - self.ticks(run.start[v]))
         for (a, b), (same, both) in self.same.items():
             model.AddHint(same, unit_device[a] == unit_device[b])
             for d, together in both.items():
