@@ -30,6 +30,7 @@ from baechi.client.errors import (
 from baechi.client.progress import ProgressBar
 from baechi.client.transport import Transport
 
+from baechi.defaults import DEFAULT_ALGORITHM
 from baechi.plan import Plan
 
 #: Statuses after which a placement never changes again.
@@ -247,7 +248,7 @@ class BaechiClient:
         self,
         graph: Any,
         cluster: Any,
-        algorithm: str = "m-sct",
+        algorithm: str = DEFAULT_ALGORITHM,
         options: dict[str, Any] | None = None,
         objective: str | None = None,
     ) -> Placement:
@@ -261,7 +262,8 @@ class BaechiClient:
             Devices and network (DESIGN §3), e.g.
             ``{"devices": {"count": 4, "memory_bytes": "8GiB"}}``.
         algorithm : str
-            ``m-sct``, ``m-etf``, ``m-topo``, ``single``, ...
+            ``auto`` (the default, :data:`baechi.defaults.DEFAULT_ALGORITHM`), or a named
+            algorithm: ``m-etf``, ``m-sct``, ``exact``, ...
         options : dict, optional
             Pipeline switches and ``time_limit_s`` (DESIGN §3).
         objective : str, optional

@@ -91,10 +91,10 @@ def test_submit_accepts_paths_graph_objects_and_graph_ids(tmp_path: Path) -> Non
     sdk.submit("ab" * 32, CLUSTER)
     bodies = [json.loads(r.content) for r in recorder.requests]
     assert bodies[0]["graph"] == bodies[1]["graph"] == GRAPH
-    assert bodies[0]["algorithm"] == "m-sct"  # the SDK's default
+    assert bodies[0]["algorithm"] == "auto"  # the one default (baechi.defaults)
     assert bodies[0]["cluster"]["devices"][0]["name"] == "/GPU:0"
     assert bodies[2]["graph"]["ops"] == GRAPH["ops"]
-    assert bodies[3] == {"graph_id": "ab" * 32, "cluster": CLUSTER, "algorithm": "m-sct"}
+    assert bodies[3] == {"graph_id": "ab" * 32, "cluster": CLUSTER, "algorithm": "auto"}
     with pytest.raises(client.InvalidInput, match="cannot read graph file"):
         sdk.submit(tmp_path / "missing.json", CLUSTER)
     with pytest.raises(client.InvalidInput, match="not valid JSON"):

@@ -19,6 +19,7 @@ from service_fixtures import chain_graph, cluster, needs_redis
 import baechi
 from baechi import client
 from baechi.cli import main
+from baechi.defaults import DEFAULT_ALGORITHM
 
 pytestmark = [pytest.mark.service, needs_redis]
 
@@ -51,9 +52,12 @@ def test_submit_wait_plan(sdk: Any) -> None:
     assert placement.plan().placement == plan.placement
 
 
-def test_default_algorithm_is_m_sct(sdk: Any) -> None:
-    plan = sdk.submit(unique_graph("sct"), cluster(2)).wait(timeout=120, progress=False)
-    assert plan.request.algorithm == "m-sct"
+def test_default_algorithm_is_the_engines(sdk: Any) -> None:
+    # one default for the engine, the CLI, the service and the SDK (baechi.defaults); it was
+    # m-sct in the SDK and m-etf elsewhere until issue 12
+    plan = sdk.submit(unique_graph("default"), cluster(2)).wait(timeout=120, progress=False)
+    assert plan.request.algorithm == DEFAULT_ALGORITHM == "auto"
+    assert plan.stats.chosen is not None
 
 
 def test_graph_inputs_and_upload(sdk: Any, tmp_path: Path) -> None:
