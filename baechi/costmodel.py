@@ -174,18 +174,8 @@ class CostModel:
 
     def _compute_lower_bound(self) -> float:
         graph = self.graph
-        finish = [0.0] * len(graph)
-        longest = 0.0
         fastest = self.fastest_us
-        for op in graph.topo:
-            start = 0.0
-            for k in graph.in_edges[op]:
-                f = finish[graph.edge_src[k]]
-                if f > start:
-                    start = f
-            finish[op] = start + fastest[op]
-            if finish[op] > longest:
-                longest = finish[op]
+        longest = graph.longest_chain_us(fastest)
         devices = self.cluster.devices
         if not self.kinds_matter:
             spread = float(sum(graph.compute_us)) / sum(d.speed for d in devices)

@@ -268,8 +268,8 @@ class Graph:
             )
         return order
 
-    def critical_path_us(self, speed: float = 1.0) -> float:
-        """Longest chain of compute (edges cost nothing) at the given device speed."""
+    def longest_chain_us(self, op_us: Sequence[float]) -> float:
+        """Longest chain of ops (edges cost nothing), each op taking ``op_us[op]``."""
         finish = [0.0] * len(self.names)
         longest = 0.0
         for op in self.topo:
@@ -278,7 +278,7 @@ class Graph:
                 f = finish[self.edge_src[k]]
                 if f > start:
                     start = f
-            finish[op] = start + self.compute_us[op] / speed
+            finish[op] = start + op_us[op]
             if finish[op] > longest:
                 longest = finish[op]
         return longest
