@@ -110,7 +110,7 @@ def throughput_table(shared: Path, time_limit: float) -> list[str]:
                 continue
             seconds = time.perf_counter() - started
             tps = plan.estimate.time_per_sample_us / 1000
-            cells.append(f"{tps:.2f} ({seconds:.1f} s, {'yes' if plan.stats['optimal'] else 'no'})")
+            cells.append(f"{tps:.2f} ({seconds:.1f} s, {'yes' if plan.stats.optimal else 'no'})")
         kind = "Layer" if path.startswith("Layer") else "Operator"
         name = Path(path).stem
         dp = f"{anchor:.2f}" if anchor is not None else f"– (≤ 1.1 × work/k = {1.1 * one / k:.2f})"

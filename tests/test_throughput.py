@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DATA
+from conftest import DATA, SHARED, needs_shared
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -212,3 +212,21 @@ def test_objective_in_the_plan(tmp_path: Path) -> None:
         place(g, {"devices": {"count": 2}}, "throughput-cpsat")
     with pytest.raises(InvalidRequest, match="objective: unknown objective 'speed'"):
         place(g, {"devices": {"count": 2}}, objective="speed")
+
+
+@needs_shared
+@pytest.mark.parametrize("algorithm", ["throughput-contiguous", "throughput-cpsat"])
+def test_a_deadline_too_short_for_cp_sat_still_gives_the_warm_start_split(algorithm: str) -> None:
+    # 2,012 ops in 0.1 s: CP-SAT often cannot even take its hint; a loaded machine made
+    # bert_l-12 answer "no split found" with a valid split at hand
+    from baechi.importers import import_graph
+
+    path = (SHARED / "graphs/dnn-partitioning/original/throughput-inputs/OperatorGraphs"
+            / "bert_L-12_training.json")
+    document = import_graph("dnn-partitioning", path)
+    plan = place(document, document["meta"]["suggested_cluster"], algorithm,
+                 {"time_limit_s": 0.01}, objective="throughput")
+    assert plan.estimate.time_per_sample_us > 0
+    stats = plan.stats.model_dump()
+    if stats.get("fallback"):
+        assert "the warm start's split" in stats["fallback"] and stats["optimal"] is False
