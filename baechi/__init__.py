@@ -8,8 +8,9 @@
 ({'a': '/GPU:0'}, 3.0)
 """
 
+from typing import TYPE_CHECKING, Any
+
 from baechi._version import __version__
-from baechi.api import place
 from baechi.cluster import Cluster, Device, Network, parse_size
 from baechi.errors import (
     InfeasiblePlacement,
@@ -23,6 +24,19 @@ from baechi.graph import Graph, load_graph
 from baechi.options import Options
 from baechi.plan import Estimate, Plan
 from baechi.simulate import Simulation, simulate, simulate_plan
+
+if TYPE_CHECKING:
+    from baechi.api import place
+
+
+def __getattr__(name: str) -> Any:
+    # ``place`` loads every placer: only on first use, so that importing one engine module
+    # (``baechi.pipeline``, the service's schema) stays light.
+    if name == "place":
+        from baechi.api import place
+
+        return place
+    raise AttributeError(f"module 'baechi' has no attribute {name!r}")
 
 __all__ = [
     "Cluster",

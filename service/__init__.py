@@ -1,5 +1,7 @@
-"""The placement service's HTTP API (FastAPI), its Redis storage and RQ glue (DESIGN §7).
+"""The placement service's HTTP API (FastAPI) (DESIGN §7).
 
-Importing this package is cheap: FastAPI, uvicorn and RQ load only when the app or a
-command needs them. Start it with ``baechi serve`` (or ``python -m baechi.service``).
+It validates requests, authenticates tenants and enqueues jobs through the job contract it
+shares with the workers (:mod:`baechi.jobs`); it never imports :mod:`baechi.worker`, and its
+reads never write. Importing this package is cheap: FastAPI, uvicorn and RQ load only when the
+app or a command needs them. Start it with ``baechi serve`` (or ``python -m baechi.service``).
 """

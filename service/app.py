@@ -6,22 +6,22 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from baechi.service import errors, jobs
-from baechi.service.connection import connect
-from baechi.service.deps import Services
+from baechi.jobs import queue as jobs
+from baechi.jobs.connection import connect
+from baechi.jobs.settings import Settings, get_settings
+from baechi.jobs.store import Store
+from baechi.service import errors
+from baechi.service.deps import Services, TenantRate
 from baechi.service.limits import BodySizeLimit
 from baechi.service.metrics import Metrics, RequestMetrics
 from baechi.service.routes import graphs, health, placements
 from baechi.service.schemas import PlacementRequest
-from baechi.service.settings import Settings, get_settings
-from baechi.service.store import Store
 from fastapi import FastAPI
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
 from baechi._version import __version__
-from baechi.algorithms import ALGORITHM_NAMES
 from baechi.plan import Plan
 
 DESCRIPTION = """Placement as a service for ML training graphs (DESIGN §7).
@@ -56,7 +56,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics.watch(store, queue, settings.worker_ttl_s)
     app.state.settings = settings
     app.state.metrics = metrics
-    app.state.services = Services(settings=settings, redis=redis, store=store, queue=queue)
+    app.state.services = Services(settings=settings, redis=redis, store=store, queue=queue,
+                                  rate=TenantRate(settings.tenant_rate_per_s,
+                                                  settings.tenant_burst))
 
     errors.install(app)
     # Added inner to outer: the metrics wrap the size limit, so refused bodies are counted.
@@ -73,7 +75,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's document plus the bodies the routes parse themselves."""
+    """FastAPI's document plus the bodies the routes parse themselves (generated from the
+    models they validate with: the request from the engine's models, the plan's)."""
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, description=app.description,
@@ -98,7 +101,5 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                         int(status), response.get("description", ""))
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
-    algorithm = components["PlacementRequest"]["properties"]["algorithm"]
-    algorithm["enum"] = list(ALGORITHM_NAMES)
     app.openapi_schema = schema
     return schema

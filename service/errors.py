@@ -30,14 +30,18 @@ DESCRIPTIONS = {
     410: "The graph this placement was made from expired; the plan is still available.",
     413: "Request body larger than the server's limit.",
     415: "Request body declared with a Content-Type that is not JSON.",
-    422: "Invalid graph, cluster, algorithm, options or parameter; names the op or field.",
+    422: "Invalid graph, cluster, algorithm, options or parameter; names the op or field. "
+         "Also an `Idempotency-Key` sent before with a different request.",
+    429: "The tenant's request rate or number of queued and running placements is at its "
+         "limit; retry after `Retry-After` seconds.",
+    500: "The report could not be rendered (its worker crashed, or ran out of time or memory).",
     501: "HTML reports are not available in this installation.",
-    503: "Redis unreachable, or (readiness) no worker alive.",
+    503: "Redis unreachable, (readiness) no worker alive, or (report) still being rendered.",
 }
 
 _CODES = {400: "malformed_json", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
           409: "conflict", 413: "too_large", 415: "unsupported_media_type",
-          422: "invalid_request", 503: "unavailable"}
+          422: "invalid_request", 429: "rate_limited", 503: "unavailable"}
 
 
 class ApiError(Exception):
@@ -64,9 +68,11 @@ def error_response(status: int, code: str, message: str,
 
 
 def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses`` entries for these error statuses (plus 503, always possible)."""
+    """OpenAPI ``responses`` entries for these error statuses (plus 503, always possible, and
+    429 wherever a tenant is authenticated)."""
     out: dict[int | str, dict[str, Any]] = {}
-    for status in sorted({*statuses, 503}):
+    tenant = {429} if 401 in statuses else set()
+    for status in sorted({*statuses, *tenant, 503}):
         out[status] = {"model": ErrorResponse, "description": DESCRIPTIONS[status]}
     return out
 

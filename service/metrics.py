@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Iterator
 
-from baechi.service.store import Store
+from baechi.jobs.store import Store
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,

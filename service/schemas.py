@@ -1,8 +1,11 @@
 """Request and response bodies of the API, as pydantic models (they make the OpenAPI document).
 
-Request models document the bodies; the routes parse those bodies themselves (orjson, then
-the engine's validators) so a large graph is read once and every error names the op or field
-the engine names. Response models are what the routes return.
+The request is the engine's own models put together: the cluster is
+:class:`baechi.cluster.Cluster`, the options :class:`baechi.options.Options`, the algorithm a
+name of the engine's registry and the graph :class:`baechi.graph.GraphDoc`. The routes
+validate a request with :class:`PlacementRequest` itself, except for the graph, which the
+engine's :func:`baechi.load_graph` reads once (its errors name the op). Response models are
+what the routes return.
 """
 
 from __future__ import annotations
@@ -10,57 +13,20 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from baechi.jobs.store import Status
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from baechi.algorithms import DEFAULT_ALGORITHM
+from baechi.algorithms import ALGORITHM_NAMES
+from baechi.cluster import Cluster
+from baechi.defaults import DEFAULT_ALGORITHM
 from baechi.graph import GraphDoc
 from baechi.options import Options
 
-Status = Literal["queued", "running", "finished", "failed", "canceled"]
 GRAPH_ID_PATTERN = r"^[0-9a-f]{64}$"
+Objective = Literal["step_time", "throughput"]
 
 
 # ---------------------------------------------------------------------------- requests
-class DeviceSpec(BaseModel):
-    """One device; ``memory_bytes`` in bytes or with a unit (``8GiB``), absent = unlimited."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(min_length=1)
-    memory_bytes: int | str | None = Field(default=None, examples=[8589934592, "8GiB"])
-    speed: float = Field(default=1.0, gt=0)
-
-
-class DeviceCountSpec(BaseModel):
-    """``count`` identical devices named ``name_prefix`` + index."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    count: int = Field(ge=1, le=4096)
-    memory_bytes: int | str | None = None
-    speed: float = Field(default=1.0, gt=0)
-    name_prefix: str = "/GPU:"
-
-
-class NetworkSpec(BaseModel):
-    """Links between devices; ``bandwidth_gbps`` in GB/s, absent = infinite."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    latency_us: float = Field(default=0.0, ge=0)
-    bandwidth_gbps: float | None = Field(default=None, gt=0)
-    mode: Literal["sequential", "parallel"] = "sequential"
-
-
-class ClusterSpec(BaseModel):
-    """Devices (a list, or the count shorthand) and their network (DESIGN §3)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    devices: list[DeviceSpec] | DeviceCountSpec
-    network: NetworkSpec | None = None
-
-
 class PlacementRequest(BaseModel):
     """A placement request (DESIGN §3): ``graph`` inline or ``graph_id`` of an uploaded one."""
 
@@ -69,11 +35,29 @@ class PlacementRequest(BaseModel):
     graph: GraphDoc | None = Field(default=None, description="A baechi.graph/v1 document.")
     graph_id: str | None = Field(default=None, pattern=GRAPH_ID_PATTERN,
                                  description="Id returned by POST /graphs.")
-    cluster: ClusterSpec
-    algorithm: str = Field(default=DEFAULT_ALGORITHM, description="Placement algorithm.")
-    options: Options | None = None
-    objective: Literal["step_time", "throughput"] | None = Field(
-        default=None, description="step_time (default) or throughput (DESIGN §10).")
+    cluster: Cluster
+    algorithm: str = Field(default=DEFAULT_ALGORITHM, description="Placement algorithm.",
+                           json_schema_extra={"enum": list(ALGORITHM_NAMES)})
+    options: Options = Field(default_factory=Options)
+    objective: Objective = Field(default="step_time",
+                                 description="step_time or throughput (DESIGN §10).")
+
+    @field_validator("algorithm")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        if name not in ALGORITHM_NAMES:
+            raise ValueError(f"unknown algorithm {name!r}; choose one of "
+                             f"{', '.join(ALGORITHM_NAMES)}")
+        return name
+
+    @model_validator(mode="after")
+    def _one_graph(self, info: ValidationInfo) -> PlacementRequest:
+        # the routes validate without the graph (the engine reads it) and say if it was there
+        has_graph = self.graph is not None or bool((info.context or {}).get("has_graph"))
+        if has_graph == (self.graph_id is not None):
+            raise ValueError("give exactly one of 'graph' (a document) and 'graph_id' (from "
+                             "POST /graphs)")
+        return self
 
 
 # --------------------------------------------------------------------------- responses

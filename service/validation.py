@@ -1,8 +1,10 @@
 """Checking a request before anything is queued: everything cheap enough to do in the request.
 
-Graph format, cluster, options, algorithm name, op count and pins against the cluster's
-devices are all checked here, so a bad request gets its 422 at ``POST`` time instead of a job
-that fails later. The engine's own errors (naming the op or field) pass through unchanged.
+The request is validated by :class:`~baechi.service.schemas.PlacementRequest` (the engine's
+own cluster and options models; no rule is repeated here), the graph by the engine's loader;
+op count and pins against the cluster's devices are checked here too, so a bad request gets
+its 422 at ``POST`` time instead of a job that fails later. The engine's own errors (naming
+the op or field) pass through unchanged.
 """
 
 from __future__ import annotations
@@ -12,19 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from baechi.jobs.settings import Settings
 from baechi.service.errors import ApiError
-from baechi.service.schemas import DEFAULT_ALGORITHM
-from baechi.service.settings import Settings
+from baechi.service.schemas import PlacementRequest
+from pydantic import ValidationError
 
-from baechi.algorithms import ALGORITHM_NAMES
-from baechi.cluster import Cluster
-from baechi.errors import InvalidCluster, InvalidRequest
+from baechi.cluster import Cluster, describe_validation_error
+from baechi.errors import InvalidCluster, InvalidRequest, PlacementError
 from baechi.graph import Graph, load_graph
-from baechi.options import Options
-
-#: Largest byte count accepted anywhere (a signed 64-bit integer).
-MAX_BYTES = 2**63 - 1
-REQUEST_KEYS = ("graph", "graph_id", "cluster", "algorithm", "options")
 
 
 @dataclass
@@ -59,6 +56,7 @@ class PlacementInput:
     cluster: dict[str, Any]  # as the user wrote it: plans are self-describing (DESIGN §5)
     algorithm: str
     options: dict[str, Any]  # defaults filled in, time limit capped for the job's timeout
+    objective: str
     timeout_s: int
     digest: str  # equal for equal requests: the idempotency key
 
@@ -89,41 +87,27 @@ def parse_graph(data: Any, settings: Settings, field: str = "graph") -> ParsedGr
 
 
 def parse_placement(data: Any, settings: Settings, uploaded: Any) -> PlacementInput:
-    """Validate a placement request.
+    """Validate a placement request with :class:`~baechi.service.schemas.PlacementRequest`
+    (the engine's models); the graph is read once, by the engine.
 
     ``uploaded(graph_id)`` returns the stored graph's ``(name, ops, pins)`` or ``None``.
     """
     if not isinstance(data, dict):
         raise InvalidRequest("request: expected a JSON object with graph and cluster",
                              {"field": "request"})
-    unknown = sorted(set(data) - set(REQUEST_KEYS))
-    if unknown:
-        raise InvalidRequest(f"{unknown[0]}: unknown key; a request has "
-                             f"{', '.join(REQUEST_KEYS)}", {"field": unknown[0]})
     has_graph = data.get("graph") is not None
-    has_id = data.get("graph_id") is not None
-    if has_graph == has_id:
-        raise InvalidRequest("graph: give exactly one of 'graph' (a document) and 'graph_id' "
-                             "(from POST /graphs)", {"field": "graph"})
-    if "cluster" not in data:
-        raise InvalidRequest("cluster: required", {"field": "cluster"})
-    cluster = Cluster.parse(data["cluster"])
-    _check_sizes(cluster)
-    algorithm = data.get("algorithm", DEFAULT_ALGORITHM)
-    if not isinstance(algorithm, str) or algorithm not in ALGORITHM_NAMES:
-        raise InvalidRequest(f"algorithm: unknown algorithm {algorithm!r}; choose one of "
-                             f"{', '.join(ALGORITHM_NAMES)}", {"field": "algorithm"})
-    options = Options.parse(data.get("options"))
+    fields = {key: value for key, value in data.items() if key != "graph"}
+    try:
+        request = PlacementRequest.model_validate(fields, context={"has_graph": has_graph})
+    except ValidationError as exc:
+        raise _request_error(exc) from None
 
     graph: ParsedGraph | None = None
     if has_graph:
         graph = parse_graph(data["graph"], settings)
         graph_id, name, ops, pins = graph.graph_id, graph.name, graph.ops, graph.pins
     else:
-        graph_id = data["graph_id"]
-        if not isinstance(graph_id, str) or not _is_graph_id(graph_id):
-            raise InvalidRequest("graph_id: expected the 64-hex-digit id returned by POST "
-                                 "/graphs", {"field": "graph_id"})
+        graph_id = request.graph_id or ""
         found = uploaded(graph_id)
         if found is None:
             raise ApiError(422, "unknown_graph", f"graph_id: no graph {graph_id} (never "
@@ -134,31 +118,34 @@ def parse_placement(data: Any, settings: Settings, uploaded: Any) -> PlacementIn
             raise ApiError(422, "too_many_ops", f"graph_id: the graph has {ops} ops; this "
                            f"server accepts at most {settings.max_ops}",
                            {"field": "graph_id", "ops": ops, "max_ops": settings.max_ops})
-    _check_pins(pins, cluster)
+    _check_pins(pins, request.cluster)
 
-    limit = settings.solver_limit_s(options.time_limit_s)
-    normalised = options.model_dump()
+    limit = settings.solver_limit_s(request.options.time_limit_s)
+    normalised = request.options.model_dump()
     digest = hashlib.sha256(orjson.dumps(
-        {"graph": graph_id, "cluster": cluster.to_json(), "algorithm": algorithm,
-         "options": normalised}, option=orjson.OPT_SORT_KEYS,
+        {"graph": graph_id, "cluster": request.cluster.to_json(),
+         "algorithm": request.algorithm, "options": normalised,
+         "objective": request.objective}, option=orjson.OPT_SORT_KEYS,
     )).hexdigest()
     return PlacementInput(
         graph=graph, graph_id=graph_id, graph_name=name, graph_ops=ops,
-        cluster=data["cluster"], algorithm=algorithm,
-        options=normalised | {"time_limit_s": limit},
+        cluster=data["cluster"], algorithm=request.algorithm,
+        options=normalised | {"time_limit_s": limit}, objective=request.objective,
         timeout_s=settings.job_timeout_s(limit), digest=digest,
     )
 
 
-def _check_sizes(cluster: Cluster) -> None:
-    # JSON numbers like 1e30 parse as floats and become integers no 64-bit field can hold;
-    # nothing downstream (orjson, Redis) can store them.
-    for i, device in enumerate(cluster.devices):
-        if device.memory_bytes is not None and device.memory_bytes > MAX_BYTES:
-            raise InvalidCluster(
-                f"cluster.devices[{i}].memory_bytes: {device.memory_bytes} is out of range "
-                f"(at most {MAX_BYTES})", {"field": f"devices[{i}].memory_bytes"},
-            )
+def _request_error(exc: ValidationError) -> PlacementError:
+    """The engine's error for a request the schema refused, naming the first bad field."""
+    errors = exc.errors()
+    where = errors[0]["loc"][0] if errors and errors[0]["loc"] else "request"
+    message = describe_validation_error(exc)
+    if where == "cluster" and errors[0]["type"] != "missing":
+        return InvalidCluster(message, {"field": "cluster"})
+    if errors and errors[0]["type"] == "extra_forbidden":
+        message = (f"{where}: unknown key; a request has "
+                   f"{', '.join(PlacementRequest.model_fields)}")
+    return InvalidRequest(message, {"field": str(where)})
 
 
 def _check_pins(pins: dict[str, str], cluster: Cluster) -> None:
@@ -170,7 +157,3 @@ def _check_pins(pins: dict[str, str], cluster: Cluster) -> None:
                 f"op {op!r}.device: pinned to {device!r}, which is not a device of the "
                 f"cluster ({shown})", {"op": op, "field": "device"},
             )
-
-
-def _is_graph_id(value: str) -> bool:
-    return len(value) == 64 and all(c in "0123456789abcdef" for c in value)

@@ -58,25 +58,45 @@ def test_dockerfile_installs_the_server_extra_and_runs_baechi() -> None:
     assert '"baechi[server]"' in text
     assert 'ENTRYPOINT ["baechi"]' in text
     assert "USER baechi" in text
-    for package in ("baechi", "service", "worker"):
+    for package in ("baechi", "jobs", "service", "worker"):
         assert f"COPY {package} ./{package}" in text
 
 
 # ------------------------------------------------------------------------------ CLI
-def test_register_adds_serve_and_worker_verbs() -> None:
-    from baechi.service.cli import cmd_serve, cmd_worker, register
+def test_service_and_worker_each_register_their_own_verb() -> None:
+    from baechi.service.cli import cmd_serve
+    from baechi.service.cli import register as register_service
+    from baechi.worker.cli import cmd_worker
+    from baechi.worker.cli import register as register_worker
 
     parser = argparse.ArgumentParser()
-    register(parser.add_subparsers(dest="verb"))
+    verbs = parser.add_subparsers(dest="verb")
+    register_service(verbs)
+    register_worker(verbs)
     serve = parser.parse_args(["serve", "--host", "0.0.0.0", "--port", "9000"])
     assert (serve.func, serve.host, serve.port) == (cmd_serve, "0.0.0.0", 9000)
     worker = parser.parse_args(["worker", "--burst", "--queue", "q"])
     assert (worker.func, worker.burst, worker.queue) == (cmd_worker, True, "q")
 
 
-def test_cli_module_imports_nothing_heavy() -> None:
-    code = ("import sys, baechi.service.cli; heavy = {'fastapi', 'uvicorn', 'rq', 'redis'} & "
+@pytest.mark.parametrize("module", ["baechi.service.cli", "baechi.worker.cli"])
+def test_cli_modules_import_nothing_heavy(module: str) -> None:
+    code = (f"import sys, {module}; heavy = {{'fastapi', 'uvicorn', 'rq', 'redis'}} & "
             "set(sys.modules); print(sorted(heavy)); sys.exit(1 if heavy else 0)")
+    result = run([sys.executable, "-c", code])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("side", "other"), [
+    ("baechi.worker.runner, baechi.worker.jobs, baechi.worker.health, baechi.worker.cli",
+     "baechi.service"),
+    ("baechi.service.app, baechi.service.cli", "baechi.worker"),
+])
+def test_service_and_worker_share_the_job_contract_not_each_other(side: str, other: str) -> None:
+    """Issue 12, item 6: both import baechi.jobs; neither imports the other."""
+    code = (f"import sys, {side}; wrong = sorted(m for m in sys.modules "
+            f"if m == {other!r} or m.startswith({other + '.'!r})); "
+            "print(wrong); sys.exit(1 if wrong or 'baechi.jobs.store' not in sys.modules else 0)")
     result = run([sys.executable, "-c", code])
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -106,7 +126,7 @@ def test_bad_setting_is_reported() -> None:
 
 
 def test_api_keys_comma_separated_or_json() -> None:
-    from baechi.service.settings import Settings
+    from baechi.jobs.settings import Settings
 
     assert Settings(api_keys="a, b,,c").api_keys == ("a", "b", "c")
     assert Settings(api_keys='["a", "b"]').api_keys == ("a", "b")
@@ -128,8 +148,8 @@ def test_baechi_worker_burst_and_health(redis_server: RedisServer, tmp_path: Pat
 
 @needs_redis
 def test_anonymous_access_only_when_allowed(redis_server: RedisServer) -> None:
+    from baechi.jobs.settings import Settings
     from baechi.service.app import create_app
-    from baechi.service.settings import Settings
     from fastapi.testclient import TestClient
 
     url = redis_server.url.rsplit("/", 1)[0] + "/6"

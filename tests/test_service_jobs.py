@@ -76,12 +76,10 @@ def test_sigkilled_worker_job_is_retried_then_failed_never_left_running(
         doomed = stack.start_worker(**HOLD)
         pid = submit(http)
         stack.wait(pid, statuses=("running",), timeout=30)
-        killed_at = time.monotonic()
         stack.kill_worker(doomed, signal.SIGKILL)
         stack.start_worker()
         status = stack.wait(pid, timeout=120)
         assert status["status"] == "finished", status
-        assert time.monotonic() - killed_at < 120
         assert http.get(f"/placements/{pid}/plan").status_code == 200
 
         # 2. Killed on both attempts: it ends failed with a message saying the worker died.
@@ -89,15 +87,17 @@ def test_sigkilled_worker_job_is_retried_then_failed_never_left_running(
             if worker.alive:
                 stack.kill_worker(worker)
         second = submit(http)
-        for attempt in range(2):
+        redis = stack.redis.client()
+        for attempt in (1, 2):
+            # maintenance is the workers' (a GET only reads): the next worker notices the
+            # dead one's job, requeues it and runs it
             doomed = stack.start_worker(**HOLD)
+            wait_until(lambda n=attempt: redis.hget(f"baechi:placement:{second}", "attempts")
+                       == str(n).encode(), 60, f"attempt {attempt} to run")
             stack.wait(second, statuses=("running",), timeout=60)
-            killed_at = time.monotonic()
             stack.kill_worker(doomed, signal.SIGKILL)
-            if attempt == 0:
-                stack.wait(second, statuses=("queued",), timeout=120)
+        stack.start_worker()
         status = stack.wait(second, timeout=120)
-        assert time.monotonic() - killed_at < 120
     assert status["status"] == "failed", status
     assert status["error"]["code"] == "worker_died"
     assert "worker" in status["error"]["message"] and "died" in status["error"]["message"]
@@ -229,11 +229,15 @@ def test_progress_is_throttled(redis_server: RedisServer) -> None:
     job = queue.enqueue_call("builtins.print", args=("x",))
     canceled = {"flag": False}
     reporter = ProgressReporter(job, 0.2, lambda: canceled["flag"])
+    calls = 0
     started = time.monotonic()
     while time.monotonic() - started < 1.0:
         for i in range(1000):
             reporter("place", i / 1000)
-    assert 3 <= reporter.writes <= 7  # about five per second, not thousands
+        calls += 1000
+    elapsed = time.monotonic() - started
+    # at most one write per interval (the first is immediate), however many calls came
+    assert 1 <= reporter.writes <= elapsed / 0.2 + 1 and calls >= 1000
     job.refresh()
     assert job.meta["progress"]["phase"] == "place"
     canceled["flag"] = True

@@ -40,8 +40,8 @@ CHECKS = [no_internal_error, status_code_conformance, content_type_conformance,
 
 @pytest.fixture(scope="module")
 def app(redis_server: RedisServer) -> Any:
+    from baechi.jobs.settings import Settings
     from baechi.service.app import create_app
-    from baechi.service.settings import Settings
 
     # Database 1: generated placements are queued there, away from the live workers' queue.
     url = redis_server.url.rsplit("/", 1)[0] + "/1"
@@ -96,3 +96,27 @@ def test_every_operation_documents_its_errors(app: Any) -> None:
     assert "HTTPValidationError" not in document["components"]["schemas"]
     security = document["components"]["securitySchemes"]
     assert security["APIKeyHeader"]["name"] == "X-API-Key"
+
+
+def test_the_request_schema_is_the_engines_models(app: Any) -> None:
+    """Issue 12, item 7: one request schema — the engine's Cluster and Options, the
+    registry's algorithm names and the one default — no re-declared copy."""
+    from baechi.algorithms import ALGORITHM_NAMES
+    from baechi.cluster import Cluster
+    from baechi.defaults import DEFAULT_ALGORITHM
+    from baechi.options import Options
+
+    document = app.openapi()
+    schemas = document["components"]["schemas"]
+    request = schemas["PlacementRequest"]["properties"]
+    assert request["cluster"] == {"$ref": "#/components/schemas/Cluster"}
+    assert request["options"] == {"$ref": "#/components/schemas/Options"}
+    assert request["algorithm"]["enum"] == list(ALGORITHM_NAMES)
+    assert request["algorithm"]["default"] == DEFAULT_ALGORITHM
+    assert set(schemas["Cluster"]["properties"]) == set(Cluster.model_fields)
+    assert set(schemas["Options"]["properties"]) == set(Options.model_fields)
+    # both forms of devices a request may send, and sizes with units
+    devices = schemas["Cluster"]["properties"]["devices"]["anyOf"]
+    assert {"$ref": "#/components/schemas/DeviceCount"} in devices
+    assert {"type": "string"} in schemas["Device"]["properties"]["memory_bytes"]["anyOf"]
+    assert not {"ClusterSpec", "DeviceSpec", "NetworkSpec"} & set(schemas)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from baechi.service.cli import add_worker_arguments, cmd_worker
+from baechi.worker.cli import add_worker_arguments, cmd_worker
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,9 +13,9 @@ import time
 
 
 def main() -> int:
-    from baechi.service import jobs
-    from baechi.service.connection import RedisUnavailable, connect
-    from baechi.service.settings import get_settings
+    from baechi.jobs import queue as jobs
+    from baechi.jobs.connection import RedisUnavailable, connect
+    from baechi.jobs.settings import get_settings
     from redis.exceptions import RedisError
     from rq import Queue, Worker
 

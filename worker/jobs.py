@@ -4,6 +4,9 @@
 (:class:`~baechi.errors.PlacementError`) and timeouts end the placement ``failed`` right here,
 without a retry: running it again would fail the same way. Anything else escapes to RQ, which
 retries the job once (DESIGN §7) and calls :func:`on_failure` when it gives up.
+
+:func:`render_report` renders a finished placement's HTML report once and stores it, so the
+API only serves stored bytes (issue 12, items 8 and 14).
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ from types import TracebackType
 from typing import Any
 
 import orjson
-from baechi.service.lifecycle import INTERNAL, TIMEOUT, describe_failure
-from baechi.service.settings import Settings, get_settings
-from baechi.service.store import PlacementRecord, Store, placement_key
+from baechi.jobs import queue as jobs
+from baechi.jobs.lifecycle import INTERNAL, TIMEOUT, describe_failure
+from baechi.jobs.settings import Settings, get_settings
+from baechi.jobs.store import PlacementRecord, Store, placement_key
 from baechi.worker.progress import Canceled, ProgressReporter
 from redis import Redis
 from rq import get_current_job
@@ -85,6 +89,9 @@ def run_placement(placement_id: str) -> dict[str, Any]:
                                 finished_at=time.time())
     if previous in ("queued", "running"):
         store.observe_seconds(time.time() - started)
+        # rendered by whichever worker is free once no placement waits, never on a GET
+        jobs.enqueue_report(jobs.make_report_queue(job.connection, config), placement_id,
+                            config)
     estimate = plan.estimate
     return {"status": "finished",
             "step_time_us": estimate.step_time_us if estimate is not None else None}
@@ -109,10 +116,48 @@ def _canceled(store: Store, placement_id: str) -> bool:
 
 
 def _attempt(job: Job) -> int:
-    from baechi.service.jobs import RETRIES
+    left = job.retries_left if job.retries_left is not None else jobs.RETRIES
+    return jobs.RETRIES - left + 1
 
-    left = job.retries_left if job.retries_left is not None else RETRIES
-    return RETRIES - left + 1
+
+def render_report(placement_id: str) -> dict[str, Any]:
+    """Render the HTML report of a finished placement once and store it (gzip-compressed)."""
+    job = get_current_job()
+    assert job is not None, "render_report runs inside an RQ job"
+    config = settings()
+    store = Store(job.connection)
+    record = store.get(placement_id)
+    plan = store.plan(placement_id)
+    if record is None or plan is None:
+        return {"status": "missing"}  # expired meanwhile: nothing to render
+    document = store.graph_document(record.tenant, record.graph_id)
+    if document is None:
+        store.put_report_error(placement_id, {
+            "code": "graph_expired",
+            "message": f"the graph of placement {placement_id} expired before its report was "
+                       "rendered; the plan is still available at its /plan URL",
+            "details": {"graph_id": record.graph_id}}, config.result_ttl_s)
+        return {"status": "failed"}
+    try:
+        from baechi.report import render_report as render
+    except ImportError as exc:
+        store.put_report_error(placement_id, {
+            "code": "report_unavailable",
+            "message": f"HTML reports are not available on this server: {exc}",
+            "details": {}}, config.result_ttl_s)
+        return {"status": "failed"}
+    html = render(baechi.load_graph(document), baechi.Plan.model_validate_json(plan))
+    store.put_report(placement_id, html, config.result_ttl_s)
+    return {"status": "ready", "bytes": len(html)}
+
+
+def report_failed(store: Store, placement_id: str, exc_string: str) -> None:
+    """A report job that crashed or was killed (out of memory, its timeout): say so."""
+    lines = [line for line in exc_string.strip().splitlines() if line.strip()]
+    store.put_report_error(placement_id, {
+        "code": "report_failed",
+        "message": "rendering the report failed: " + (lines[-1][:300] if lines else "killed"),
+        "details": {}}, settings().result_ttl_s)
 
 
 def _fail(store: Store, config: Settings, placement_id: str, error: dict[str, Any]) -> None:

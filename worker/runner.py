@@ -2,7 +2,9 @@
 
 RQ's defaults notice a killed worker only after about ten minutes (heartbeat TTL of 90 s,
 maintenance every 600 s). :class:`PlacementWorker` shortens both from settings so a job whose
-worker was SIGKILLed is retried or failed well within two minutes.
+worker was SIGKILLed is retried or failed well within two minutes. Its maintenance also runs
+the service's (:func:`baechi.worker.maintenance.sweep`): the API's reads never write.
+It takes report renderings from a second queue only when no placement waits.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ import socket
 import sys
 
 import redis.exceptions
-from baechi.service import jobs
-from baechi.service.lifecycle import describe_failure
-from baechi.service.settings import Settings
-from baechi.service.store import Store
+from baechi.jobs import queue as jobs
+from baechi.jobs.lifecycle import describe_failure
+from baechi.jobs.settings import Settings
+from baechi.jobs.store import Store
 from redis import Redis
 from rq import Worker
 from rq.job import Job, JobStatus
@@ -31,6 +33,8 @@ class PlacementWorker(Worker):
 
     #: Seconds a running job's registry entry outlives its last heartbeat.
     grace_s: int = 20
+    #: The deployment's settings (set by :func:`build_worker`).
+    settings: Settings
 
     @property
     def dequeue_timeout(self) -> int:
@@ -57,6 +61,12 @@ class PlacementWorker(Worker):
             self.log.warning("Worker %s: heartbeat skipped, Redis unreachable: %s",
                              self.name, exc)
 
+    def clean_registries(self) -> None:
+        super().clean_registries()
+        from baechi.worker.maintenance import sweep
+
+        sweep(Store(self.connection), self.settings)
+
     def main_work_horse(self, job: Job, queue: Queue) -> None:
         # The work horse dies with the worker's main process: an orphan would go on computing
         # the job while its retry runs elsewhere, and its timeout could fail the retry.
@@ -70,7 +80,11 @@ class PlacementWorker(Worker):
         # A work horse killed by a signal (OOM killer, kill -9) fails here without RQ calling
         # the job's failure callback; record it once the retry is spent.
         if job.get_status(refresh=True) == JobStatus.FAILED:
-            from baechi.worker.jobs import record_failure
+            from baechi.worker.jobs import record_failure, report_failed
+
+            if job.func_name == jobs.REPORT_FUNCTION:
+                report_failed(Store(self.connection), job.args[0], exc_string)
+                return
 
             ran = (job.ended_at - job.started_at).total_seconds() \
                 if job.ended_at and job.started_at else None
@@ -110,8 +124,9 @@ def build_worker(settings: Settings, redis: Redis, queue_name: str | None = None
                  name: str | None = None) -> PlacementWorker:
     queue = Queue(queue_name or settings.queue_name, connection=redis,
                   serializer=jobs.SERIALIZER)
+    # placements first: RQ takes from the first queue that has a job
     worker = PlacementWorker(
-        [queue],
+        [queue, jobs.make_report_queue(redis, settings)],
         name=name or default_name(),
         connection=redis,
         serializer=jobs.SERIALIZER,
@@ -121,13 +136,14 @@ def build_worker(settings: Settings, redis: Redis, queue_name: str | None = None
         default_result_ttl=settings.result_ttl_s,
     )
     worker.grace_s = settings.worker_grace_s
+    worker.settings = settings
     return worker
 
 
 def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | None = None,
                name: str | None = None, logging_level: str = "INFO") -> int:
     """Run a worker until it is stopped (or, with ``burst``, until the queue is empty)."""
-    from baechi.service.connection import RedisUnavailable, connect
+    from baechi.jobs.connection import RedisUnavailable, connect
 
     try:
         redis = connect(settings.redis_url, check=True)

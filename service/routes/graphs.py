@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from baechi.jobs.store import GraphInfo
 from baechi.service.deps import RawBody, ServicesDep, Tenant
 from baechi.service.errors import ApiError, responses
 from baechi.service.schemas import GraphUploaded
-from baechi.service.store import GraphInfo
 from baechi.service.validation import parse_graph, parse_json
 from fastapi import APIRouter, Response
 

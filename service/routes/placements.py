@@ -1,20 +1,23 @@
 """``/placements``: submit, poll, list, cancel, and fetch the plan and its report.
 
 Routes are sync (RQ and redis-py are), so FastAPI runs them in its thread pool and a large
-graph being validated never blocks the event loop.
+graph being validated never blocks the event loop. ``GET`` routes only read Redis: workers
+run the maintenance and render each report once (issue 12, item 8).
 """
 
 from __future__ import annotations
 
+import gzip
 import time
 import uuid
 from datetime import UTC, datetime
 from typing import Annotated
 
-from baechi.service import jobs
+from baechi.jobs import queue as jobs
+from baechi.jobs.lifecycle import View, resolve
+from baechi.jobs.store import KeyReused, PlacementRecord, TooManyActive
 from baechi.service.deps import RawBody, Services, ServicesDep, Tenant
 from baechi.service.errors import ApiError, responses
-from baechi.service.lifecycle import View, resolve
 from baechi.service.schemas import (
     ErrorInfo,
     GraphSummary,
@@ -24,9 +27,8 @@ from baechi.service.schemas import (
     PlacementStatus,
     Progress,
 )
-from baechi.service.store import PlacementRecord
 from baechi.service.validation import parse_json, parse_placement
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import HTMLResponse
 
 router = APIRouter(tags=["placements"])
@@ -44,8 +46,15 @@ PAGE_LIMIT = 1000
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/PlacementRequest"}}}}},
 )
-def submit(tenant: Tenant, body: RawBody, services: ServicesDep,
-           response: Response) -> PlacementAccepted:
+def submit(
+    tenant: Tenant, body: RawBody, services: ServicesDep, response: Response,
+    idempotency_key: Annotated[str | None, Header(
+        alias="Idempotency-Key", min_length=1, max_length=255,
+        description="Names this request: sent again with the same body, it answers with the "
+                    "same placement; with a different body, 422.")] = None,
+    rerun: Annotated[bool, Query(
+        description="Run it again even if an identical request already finished.")] = False,
+) -> PlacementAccepted:
     settings, store = services.settings, services.store
 
     def uploaded(graph_id: str) -> tuple[str, int, dict[str, str]] | None:
@@ -54,28 +63,46 @@ def submit(tenant: Tenant, body: RawBody, services: ServicesDep,
 
     request = parse_placement(parse_json(body), settings, uploaded)
     if request.graph is not None:
+        # content-addressed and private to the tenant: harmless even if the submission fails
         graph = request.graph
         store.put_graph(tenant, graph.graph_id, graph.document, name=graph.name, ops=graph.ops,
                         edges=graph.edges, pins=graph.pins, ttl_s=settings.graph_ttl_s)
     elif not store.touch_graph(tenant, request.graph_id, settings.graph_ttl_s):
         raise ApiError(422, "unknown_graph", f"graph_id: graph {request.graph_id} expired",
                        {"field": "graph_id"})
-    record = store.create(PlacementRecord(
+    record = PlacementRecord(
         id=uuid.uuid4().hex, tenant=tenant, status="queued", created_at=time.time(),
         graph_id=request.graph_id, graph_name=request.graph_name, graph_ops=request.graph_ops,
         algorithm=request.algorithm, timeout_s=request.timeout_s,
-        request={"cluster": request.cluster, "options": request.options},
-    ))
-    winner = store.claim(tenant, request.digest, record.id, settings.result_ttl_s)
-    response.headers["Location"] = f"/placements/{winner}"
-    if winner != record.id:
-        # An identical request of this tenant is alive (or finished): that is the answer.
-        store.discard(record)
-        view = _view(services, tenant, winner)
+        request={"cluster": request.cluster, "options": request.options,
+                 "objective": request.objective},
+    )
+    try:
+        submission = store.submit(
+            record, request.digest, settings.result_ttl_s,
+            lambda pipe: jobs.enqueue(services.queue, record.id, record.timeout_s, settings,
+                                      pipeline=pipe),
+            max_active=settings.tenant_max_active, key=idempotency_key, rerun=rerun)
+    except KeyReused as exc:
+        raise ApiError(422, "idempotency_key_reused", f"Idempotency-Key: this key was sent "
+                       f"before with a different request (placement {exc.placement_id}); use "
+                       "a new key for a new request", {"field": "Idempotency-Key",
+                                                       "id": exc.placement_id}) from None
+    except TooManyActive as exc:
+        raise ApiError(429, "too_many_active", f"this tenant has {exc.active} placements queued "
+                       f"or running, the server's limit of {settings.tenant_max_active}; wait "
+                       "for one to end or cancel one", {"active": exc.active,
+                                                       "max_active": settings.tenant_max_active},
+                       headers={"Retry-After": "5"}) from None
+    placement_id = submission.placement_id
+    response.headers["Location"] = f"/placements/{placement_id}"
+    if submission.replayed:
+        # An identical request of this tenant is alive (or finished), or the same key was sent
+        # before: that placement is the answer.
+        view = _view(services, tenant, placement_id)
         response.headers["Idempotent-Replayed"] = "true"
-        return PlacementAccepted(id=winner, status=view.status, links=_links(winner))
-    jobs.enqueue(services.queue, record.id, record.timeout_s, settings)
-    return PlacementAccepted(id=record.id, status="queued", links=_links(record.id))
+        return PlacementAccepted(id=placement_id, status=view.status, links=_links(placement_id))
+    return PlacementAccepted(id=placement_id, status="queued", links=_links(placement_id))
 
 
 @router.get("/placements", summary="The caller's placements, newest first",
@@ -93,8 +120,8 @@ def list_placements(
     before = int(cursor) if cursor is not None else None
     items: list[PlacementStatus] = []
     more = True
-    # Expired placements leave ids behind in the index; skip (and drop) them until the page
-    # is full, so a page is short only at the end.
+    # Expired placements leave ids behind in the index until a worker's sweep drops them;
+    # skip them until the page is full, so a page is short only at the end.
     while len(items) < size and more:
         rows = store.page(tenant, before, size - len(items))
         more = len(rows) == size - len(items)
@@ -103,11 +130,10 @@ def list_placements(
         ids = [pid for pid, _ in rows]
         records = store.get_many(ids)
         live = [r for r in records if r is not None and r.tenant == tenant]
-        store.forget(tenant, [pid for pid, r in zip(ids, records, strict=True) if r is None])
         pending = [r for r in live if not r.terminal]
         found = dict(zip([r.id for r in pending],
                          jobs.fetch_many(services.redis, [r.id for r in pending]), strict=True))
-        items += [_status(resolve(store, settings, r, found.get(r.id))) for r in live]
+        items += [_status(resolve(r, found.get(r.id))) for r in live]
         before = rows[-1][1]
     next_cursor = str(before) if more and items else None
     return PlacementPage(items=items, next_cursor=next_cursor)
@@ -159,33 +185,41 @@ def get_plan(placement_id: str, tenant: Tenant, services: ServicesDep) -> Respon
 @router.get(
     "/placements/{placement_id}/report", summary="HTML report of a finished placement",
     response_class=HTMLResponse,
-    responses={**responses(401, 404, 409, 410, 501),
+    responses={**responses(401, 404, 409, 410, 500, 501),
                200: {"description": "Timeline, memory over time, summary.",
                      "content": {"text/html": {"schema": {"type": "string"}}}}},
 )
-def get_report(placement_id: str, tenant: Tenant, services: ServicesDep) -> HTMLResponse:
-    view = _ready(services, tenant, placement_id)
+def get_report(placement_id: str, tenant: Tenant, services: ServicesDep,
+               request: Request) -> Response:
+    """The report a worker rendered once when the placement finished (stored gzip-compressed,
+    sent as is to clients that accept gzip). While it is still being rendered, wait up to
+    ``report_wait_s``, then 503 with ``Retry-After``."""
+    _ready(services, tenant, placement_id)
     store = services.store
-    plan = store.plan(placement_id)
-    if plan is None:
-        raise ApiError(404, "not_found", f"the plan of placement {placement_id} expired",
-                       {"id": placement_id})
-    document = store.graph_document(tenant, view.record.graph_id)
-    if document is None:
-        raise ApiError(410, "graph_expired", f"the graph of placement {placement_id} expired; "
-                       "the plan is still available at its /plan URL",
-                       {"graph_id": view.record.graph_id})
-    # Imported here: the report pulls in plotting code the rest of the API never needs.
-    from baechi import load_graph
-    from baechi.plan import Plan
-
-    try:
-        from baechi.report import render_report
-    except ImportError as exc:
-        raise ApiError(501, "report_unavailable", f"HTML reports are not available: {exc}") \
-            from None
-    html = render_report(load_graph(document), Plan.model_validate_json(plan))
-    return HTMLResponse(html)
+    deadline = time.monotonic() + services.settings.report_wait_s
+    stored = store.report(placement_id)
+    while stored is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        stored = store.report(placement_id)
+    if stored is None:
+        if store.plan(placement_id) is None:
+            raise ApiError(404, "not_found", f"the plan of placement {placement_id} expired",
+                           {"id": placement_id})
+        raise ApiError(503, "report_pending", f"the report of placement {placement_id} is "
+                       "being rendered; retry shortly", {"id": placement_id},
+                       headers={"Retry-After": "5"})
+    html, error = stored
+    if error is not None:
+        status = {"report_unavailable": 501, "graph_expired": 410}.get(error.get("code"), 500)
+        raise ApiError(status, error.get("code", "report_failed"), error.get("message", ""),
+                       error.get("details") or {})
+    assert html is not None
+    headers = {"Vary": "Accept-Encoding"}
+    if "gzip" in request.headers.get("accept-encoding", "").lower():
+        return Response(html, media_type="text/html; charset=utf-8",
+                        headers={**headers, "Content-Encoding": "gzip"})
+    return Response(gzip.decompress(html), media_type="text/html; charset=utf-8",
+                    headers=headers)
 
 
 # -------------------------------------------------------------------------------- helpers
@@ -194,15 +228,8 @@ def _view(services: Services, tenant: str, placement_id: str) -> View:
     record = services.store.get(placement_id)
     if record is None or record.tenant != tenant:
         raise ApiError(404, "not_found", f"no placement {placement_id}", {"id": placement_id})
-    job = None
-    if not record.terminal:
-        # A job whose worker was killed is retried or failed here if its heartbeats stopped,
-        # even when no idle worker is left to notice.
-        jobs.reap_abandoned(services.queue)
-        job = jobs.fetch(services.redis, placement_id)
-        fresh = services.store.get(placement_id)
-        record = fresh if fresh is not None else record
-    return resolve(services.store, services.settings, record, job)
+    job = None if record.terminal else jobs.fetch(services.redis, placement_id)
+    return resolve(record, job)
 
 
 def _ready(services: Services, tenant: str, placement_id: str) -> View:

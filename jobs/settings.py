@@ -59,6 +59,17 @@ class Settings(BaseSettings):
     #: Testing aid: a worker holds each job in ``running`` this long before placing it.
     worker_hold_s: float = Field(default=0.0, ge=0)
 
+    #: Queued and running placements one tenant may have at once (429 beyond; issue 12).
+    tenant_max_active: int = Field(default=100, ge=1)
+    #: Requests per second one tenant may make to one API process, on average (429 beyond).
+    tenant_rate_per_s: float = Field(default=50.0, gt=0)
+    #: Requests one tenant may make at once before the rate applies (the bucket's size).
+    tenant_burst: int = Field(default=200, ge=1)
+    #: Wall-clock limit of rendering one report in a worker (a 200k-op plan took 44 s).
+    report_timeout_s: int = Field(default=900, ge=10)
+    #: How long ``GET /report`` waits for a report still being rendered before a 503.
+    report_wait_s: float = Field(default=10.0, ge=0)
+
     page_size: int = Field(default=20, ge=1)
     max_page_size: int = Field(default=100, ge=1)
 
@@ -145,3 +156,19 @@ def redact_url(url: str) -> str:
 def get_settings(**overrides: Any) -> Settings:
     """Settings from the environment, with keyword overrides (used by tests and the CLI)."""
     return Settings(**overrides)
+
+
+def settings_or_report(verb: str, **overrides: Any) -> Settings | None:
+    """Settings for ``baechi {verb}``, or ``None`` after printing which one is invalid."""
+    import sys
+
+    from pydantic import ValidationError
+
+    try:
+        return get_settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        print(f"baechi {verb}: invalid setting BAECHI_{field.upper()}: {first['msg']}",
+              file=sys.stderr)
+        return None

@@ -3,7 +3,7 @@
 The job id is the placement id. The job carries only that id (JSON-serialized, never
 pickled); the worker reads the request from the placement record and the graph from its own
 key. Job status and progress (``job.meta["progress"]``) are merged with the record by
-:mod:`baechi.service.lifecycle`.
+:mod:`baechi.jobs.lifecycle`.
 """
 
 from __future__ import annotations
@@ -11,20 +11,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import suppress
 
-from baechi.service.settings import Settings
+from baechi.jobs.settings import Settings
 from redis import Redis
+from redis.client import Pipeline
 from rq import Callback, Queue, Retry
 from rq.command import send_stop_job_command
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job, JobStatus
-from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
-from rq.timeouts import TimerDeathPenalty
 
 #: The function a worker runs for a placement (imported by name in the worker).
 JOB_FUNCTION = "baechi.worker.jobs.run_placement"
 #: Called by RQ when a job fails outside the function: abandoned by a dead worker, crashed.
 FAILURE_CALLBACK = "baechi.worker.jobs.on_failure"
+#: The function a worker runs to render a finished placement's HTML report, once.
+REPORT_FUNCTION = "baechi.worker.jobs.render_report"
 #: DESIGN §7: a failed job is run once more.
 RETRIES = 1
 SERIALIZER = JSONSerializer
@@ -35,8 +36,18 @@ def make_queue(redis: Redis, settings: Settings) -> Queue:
     return Queue(settings.queue_name, connection=redis, serializer=SERIALIZER)
 
 
-def enqueue(queue: Queue, placement_id: str, timeout_s: int, settings: Settings) -> Job:
-    """Enqueue the job of a placement whose record is already saved."""
+def make_report_queue(redis: Redis, settings: Settings) -> Queue:
+    """The queue of report renderings; workers take from it only when no placement waits."""
+    return Queue(f"{settings.queue_name}-reports", connection=redis, serializer=SERIALIZER)
+
+
+def report_job_id(placement_id: str) -> str:
+    return f"report-{placement_id}"
+
+
+def enqueue(queue: Queue, placement_id: str, timeout_s: int, settings: Settings,
+            pipeline: Pipeline | None = None) -> Job:
+    """Enqueue the job of a placement (inside ``pipeline``'s transaction when given)."""
     return queue.enqueue_call(
         JOB_FUNCTION,
         args=(placement_id,),
@@ -48,6 +59,20 @@ def enqueue(queue: Queue, placement_id: str, timeout_s: int, settings: Settings)
         retry=Retry(max=RETRIES),
         on_failure=Callback(FAILURE_CALLBACK),
         description=f"placement {placement_id}",
+        pipeline=pipeline,
+    )
+
+
+def enqueue_report(queue: Queue, placement_id: str, settings: Settings) -> Job:
+    """Enqueue the rendering of a finished placement's report (the worker does, not a GET)."""
+    return queue.enqueue_call(
+        REPORT_FUNCTION,
+        args=(placement_id,),
+        job_id=report_job_id(placement_id),
+        timeout=settings.report_timeout_s,
+        result_ttl=60,
+        failure_ttl=settings.result_ttl_s,
+        description=f"report of placement {placement_id}",
     )
 
 
@@ -73,17 +98,6 @@ def cancel(redis: Redis, job: Job) -> None:
     if status in (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED, JobStatus.CREATED):
         with suppress(InvalidJobOperation):
             job.cancel()
-
-
-def reap_abandoned(queue: Queue) -> None:
-    """Retry or fail jobs whose worker stopped sending heartbeats (it was killed).
-
-    Workers do this on their maintenance tick; the API also does it when it sees a running
-    job, so a dead worker's job never stays ``running`` even when no other worker is idle.
-    """
-    # The API calls this from worker threads, where RQ's default SIGALRM timeout around the
-    # failure callback cannot be installed; a timer thread can.
-    StartedJobRegistry(queue=queue, death_penalty_class=TimerDeathPenalty).cleanup()
 
 
 def progress(job: Job) -> dict[str, object] | None:

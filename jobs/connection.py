@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from baechi.service.settings import redact_url
+from baechi.jobs.settings import redact_url
 from redis import Redis
 from redis.exceptions import RedisError
 

@@ -5,8 +5,11 @@ Key layout (everything under ``baechi:``; RQ keeps its own ``rq:`` keys)::
     baechi:graph:{tenant}:{sha256}     hash: zlib-compressed JSON, name, ops, edges, size
     baechi:placement:{id}              hash: the placement record (status, tenant, request …)
     baechi:plan:{id}                   string: the plan JSON (DESIGN §5)
+    baechi:report:{id}                 hash: the HTML report, rendered once by a worker (gzip)
     baechi:idem:{tenant}:{digest}      string: placement id of an identical earlier request
+    baechi:key:{tenant}:{sha256(key)}  string: "{digest} {id}" of an ``Idempotency-Key`` header
     baechi:tenant:{tenant}:placements  sorted set: placement ids scored by creation sequence
+    baechi:tenant:{tenant}:active      set: the tenant's queued and running placements
     baechi:seq                         counter behind those scores
     baechi:stats                       hash: placements that ended, by status
     baechi:placement_seconds           hash: histogram of placement time (buckets, sum, count)
@@ -17,24 +20,29 @@ even by guessing its hash. Nothing here is pickled: records are flat hashes, doc
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import time
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import orjson
 from redis import Redis
+from redis.client import Pipeline
+from redis.exceptions import WatchError
 
 PREFIX = "baechi"
 SEQ_KEY = f"{PREFIX}:seq"
 STATS_KEY = f"{PREFIX}:stats"
 HISTOGRAM_KEY = f"{PREFIX}:placement_seconds"
 
+#: Every status of DESIGN §7 (the API's schema uses this type).
+Status = Literal["queued", "running", "finished", "failed", "canceled"]
+STATUSES: tuple[str, ...] = get_args(Status)
 #: Statuses a placement never leaves.
 TERMINAL = frozenset({"finished", "failed", "canceled"})
-#: Every status of DESIGN §7.
-STATUSES = ("queued", "running", "finished", "failed", "canceled")
 #: Upper bounds of the placement-seconds histogram buckets.
 SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
 
@@ -59,23 +67,45 @@ def tenant_index_key(tenant: str) -> str:
     return f"{PREFIX}:tenant:{tenant}:placements"
 
 
-# Returns the id already bound to KEYS[1] when that placement is alive and not failed or
-# canceled (a resubmission should retry those); otherwise binds ARGV[1]. Atomic, so two
-# identical concurrent submissions get one placement.
-_CLAIM = """
-local current = redis.call('GET', KEYS[1])
-if current then
-  local status = redis.call('HGET', ARGV[3] .. current, 'status')
-  if status and status ~= 'failed' and status ~= 'canceled' then
-    return current
-  end
-end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-return ARGV[1]
-"""
+def active_key(tenant: str) -> str:
+    return f"{PREFIX}:tenant:{tenant}:active"
+
+
+def request_key(tenant: str, key: str) -> str:
+    """Key of an ``Idempotency-Key`` header (hashed: a header can be any 255 characters)."""
+    return f"{PREFIX}:key:{tenant}:{hashlib.sha256(key.encode()).hexdigest()}"
+
+
+def report_key(placement_id: str) -> str:
+    return f"{PREFIX}:report:{placement_id}"
+
+
+class KeyReused(Exception):
+    """An ``Idempotency-Key`` already names a different request (``placement_id``)."""
+
+    def __init__(self, placement_id: str) -> None:
+        super().__init__(placement_id)
+        self.placement_id = placement_id
+
+
+class TooManyActive(Exception):
+    """The tenant already has ``active`` queued or running placements (the limit)."""
+
+    def __init__(self, active: int) -> None:
+        super().__init__(active)
+        self.active = active
+
+
+@dataclass
+class Submission:
+    """What a submission maps to: a new placement, or one that answers it already."""
+
+    placement_id: str
+    replayed: bool
 
 # Moves a placement to ARGV[1] unless it already ended; sets the ARGV[3..] field/value pairs
-# and, when ARGV[2] > 0, a TTL. Returns the status it had (nil when the record is gone).
+# and, when ARGV[2] > 0, a TTL; an end takes it out of its tenant's active set. Returns the
+# status it had (nil when the record is gone).
 _TRANSITION = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return nil end
@@ -84,9 +114,13 @@ redis.call('HSET', KEYS[1], 'status', ARGV[1], unpack(ARGV, 3))
 if tonumber(ARGV[2]) > 0 then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
 if ARGV[1] == 'finished' or ARGV[1] == 'failed' or ARGV[1] == 'canceled' then
   redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+  local tenant = redis.call('HGET', KEYS[1], 'tenant')
+  if tenant then
+    redis.call('SREM', 'PREFIX:tenant:' .. tenant .. ':active', redis.call('HGET', KEYS[1], 'id'))
+  end
 end
 return status
-"""
+""".replace("PREFIX", PREFIX)
 
 
 @dataclass
@@ -172,7 +206,6 @@ class Store:
 
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
-        self._claim = redis.register_script(_CLAIM)
         self._transition = redis.register_script(_TRANSITION)
 
     # ----------------------------------------------------------------- graphs
@@ -220,27 +253,87 @@ class Store:
         return True
 
     # ------------------------------------------------------------- placements
-    def claim(self, tenant: str, digest: str, placement_id: str, ttl_s: int) -> str:
-        """The placement id an idempotent request maps to: an earlier one or ``placement_id``."""
-        result = self._claim(
-            keys=[idempotency_key(tenant, digest)],
-            args=[placement_id, ttl_s, placement_key("")],
-        )
-        return result.decode() if isinstance(result, bytes) else str(result)
+    def submit(self, record: PlacementRecord, digest: str, ttl_s: int,
+               enqueue: Callable[[Pipeline], object], *, max_active: int,
+               key: str | None = None, rerun: bool = False) -> Submission:
+        """Save ``record`` and enqueue its job in one transaction, or answer with an earlier one.
 
-    def discard(self, record: PlacementRecord) -> None:
-        """Remove a record that lost an idempotency race (it was never enqueued)."""
-        with self.redis.pipeline() as pipe:
-            pipe.delete(placement_key(record.id))
-            pipe.zrem(tenant_index_key(record.tenant), record.id)
-            pipe.execute()
+        ``digest`` identifies equal requests: an equal live or finished placement of the
+        tenant is the answer unless ``rerun``. An ``Idempotency-Key`` ``key`` answers with the
+        placement it named before (whatever its status), and raises :class:`KeyReused` when
+        it named a different request. :class:`TooManyActive` when the tenant has
+        ``max_active`` placements queued or running. Record, index, keys and the job are
+        written by one ``MULTI``/``EXEC``: a request that dies before it commits leaves
+        nothing behind, and two identical concurrent ones get one placement.
+        """
+        record.seq = int(self.redis.incr(SEQ_KEY))
+        tenant = record.tenant
+        equal, active = idempotency_key(tenant, digest), active_key(tenant)
+        keyed = request_key(tenant, key) if key is not None else None
+        while True:
+            with self.redis.pipeline() as pipe:
+                try:
+                    pipe.watch(equal, active, *([keyed] if keyed else []))
+                    earlier = self._earlier(pipe, digest, equal, keyed, rerun)
+                    if earlier is not None:
+                        return Submission(earlier, replayed=True)
+                    members = [m.decode() for m in pipe.smembers(active)]
+                    ended = self._ended(members)
+                    if len(members) - len(ended) >= max_active:
+                        raise TooManyActive(len(members) - len(ended))
+                    pipe.multi()
+                    if ended:
+                        pipe.srem(active, *ended)
+                    pipe.hset(placement_key(record.id), mapping=record.to_hash())
+                    pipe.zadd(tenant_index_key(tenant), {record.id: record.seq})
+                    pipe.sadd(active, record.id)
+                    pipe.set(equal, record.id, ex=ttl_s)
+                    if keyed is not None:
+                        pipe.set(keyed, f"{digest} {record.id}", ex=ttl_s)
+                    enqueue(pipe)
+                    pipe.execute()
+                    return Submission(record.id, replayed=False)
+                except WatchError:
+                    continue  # another submission or an end of this tenant: look again
+
+    def _earlier(self, pipe: Pipeline, digest: str, equal: str, keyed: str | None,
+                 rerun: bool) -> str | None:
+        if keyed is not None:
+            bound = pipe.get(keyed)
+            if bound is not None:
+                bound_digest, placement_id = bound.decode().split(" ")
+                if bound_digest != digest:
+                    raise KeyReused(placement_id)
+                if pipe.exists(placement_key(placement_id)):
+                    return placement_id
+        if rerun:
+            return None
+        current = pipe.get(equal)
+        if current is None:
+            return None
+        status = pipe.hget(placement_key(current.decode()), "status")
+        # a failed or canceled placement is not an answer: submitting again retries it
+        if status is not None and status.decode() not in ("failed", "canceled"):
+            return current.decode()
+        return None
+
+    def _ended(self, ids: Sequence[str]) -> list[str]:
+        """Those of ``ids`` whose record ended or expired."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for pid in ids:
+                pipe.hget(placement_key(pid), "status")
+            statuses = pipe.execute()
+        return [pid for pid, status in zip(ids, statuses, strict=True)
+                if status is None or status.decode() in TERMINAL]
 
     def create(self, record: PlacementRecord) -> PlacementRecord:
-        """Save a new record and index it under its tenant, newest last."""
+        """Save a new record and index it under its tenant, newest last (no job: for tests
+        and tools; the API uses :meth:`submit`)."""
         record.seq = int(self.redis.incr(SEQ_KEY))
         with self.redis.pipeline() as pipe:
             pipe.hset(placement_key(record.id), mapping=record.to_hash())
             pipe.zadd(tenant_index_key(record.tenant), {record.id: record.seq})
+            pipe.sadd(active_key(record.tenant), record.id)
             pipe.execute()
         return record
 
@@ -288,10 +381,38 @@ class Store:
         return [(member.decode(), int(score)) for member, score in rows]
 
     def forget(self, tenant: str, ids: Iterable[str]) -> None:
-        """Drop expired placements from a tenant's index."""
+        """Drop expired placements from a tenant's index and active set."""
         ids = list(ids)
         if ids:
-            self.redis.zrem(tenant_index_key(tenant), *ids)
+            with self.redis.pipeline() as pipe:
+                pipe.zrem(tenant_index_key(tenant), *ids)
+                pipe.srem(active_key(tenant), *ids)
+                pipe.execute()
+
+    def forget_active(self, tenant: str, ids: Iterable[str]) -> None:
+        """Drop ended or expired placements from a tenant's active set."""
+        ids = list(ids)
+        if ids:
+            self.redis.srem(active_key(tenant), *ids)
+
+    def tenants_with_active(self) -> list[str]:
+        """Tenants that have (or had) queued or running placements."""
+        head, tail = f"{PREFIX}:tenant:", ":active"
+        return [key.decode()[len(head):-len(tail)]
+                for key in self.redis.scan_iter(match=f"{head}*{tail}", count=500)]
+
+    def tenants(self) -> list[str]:
+        """Tenants with a placement index."""
+        head, tail = f"{PREFIX}:tenant:", ":placements"
+        return [key.decode()[len(head):-len(tail)]
+                for key in self.redis.scan_iter(match=f"{head}*{tail}", count=500)]
+
+    def active(self, tenant: str) -> list[str]:
+        return [m.decode() for m in self.redis.smembers(active_key(tenant))]
+
+    def oldest(self, tenant: str, count: int) -> list[str]:
+        """The ``count`` oldest ids of a tenant's index (where expired ones collect)."""
+        return [m.decode() for m in self.redis.zrange(tenant_index_key(tenant), 0, count - 1)]
 
     # ------------------------------------------------------------------ plans
     def put_plan(self, placement_id: str, plan_json: bytes, ttl_s: int) -> None:
@@ -299,6 +420,34 @@ class Store:
 
     def plan(self, placement_id: str) -> bytes | None:
         return self.redis.get(plan_key(placement_id))
+
+    # ---------------------------------------------------------------- reports
+    def put_report(self, placement_id: str, html: str, ttl_s: int) -> None:
+        """Store a rendered report, gzip-compressed (10–14 MB pages shrink about tenfold)."""
+        self._put_report(placement_id, {"status": "ready",
+                                        "html": gzip.compress(html.encode(), 6)}, ttl_s)
+
+    def put_report_error(self, placement_id: str, error: dict[str, Any], ttl_s: int) -> None:
+        """Record why a report could not be rendered (served instead of retrying)."""
+        self._put_report(placement_id, {"status": "failed", "error": orjson.dumps(error)},
+                         ttl_s)
+
+    def _put_report(self, placement_id: str, mapping: dict[str, Any], ttl_s: int) -> None:
+        with self.redis.pipeline() as pipe:
+            pipe.delete(report_key(placement_id))
+            pipe.hset(report_key(placement_id), mapping=mapping)
+            pipe.expire(report_key(placement_id), ttl_s)
+            pipe.execute()
+
+    def report(self, placement_id: str) -> tuple[bytes | None, dict[str, Any] | None] | None:
+        """``(gzipped html, None)``, ``(None, error)``, or ``None`` while not rendered."""
+        status, html, error = self.redis.hmget(report_key(placement_id),
+                                               "status", "html", "error")
+        if status is None:
+            return None
+        if status == b"ready":
+            return html, None
+        return None, orjson.loads(error or b"{}")
 
     # ---------------------------------------------------------------- metrics
     def observe_seconds(self, seconds: float) -> None:

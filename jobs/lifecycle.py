@@ -2,19 +2,21 @@
 
 The worker writes ``finished``/``failed`` to the record itself, and the API writes
 ``canceled``. Everything RQ decides on its own — a job failed after its retry, abandoned by a
-SIGKILLed worker, or gone from Redis — is read from the job here and written back to the
-record, so the record ends up terminal whoever noticed first and outlives the RQ job.
+SIGKILLed worker, or gone from Redis — is read from the job by :func:`resolve` (which only
+reads: the API's ``GET`` calls it) and written back to the record by :func:`settle`, which
+the workers' maintenance calls (:mod:`baechi.worker.maintenance`), so the record ends up
+terminal and outlives the RQ job.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from baechi.service import jobs
-from baechi.service.settings import Settings
-from baechi.service.store import PlacementRecord, Store
+from baechi.jobs import queue as jobs
+from baechi.jobs.settings import Settings
+from baechi.jobs.store import PlacementRecord, Store
 from rq.job import Job, JobStatus
 
 WORKER_DIED = "worker_died"
@@ -36,6 +38,8 @@ class View:
     error: dict[str, Any] | None
     started_at: float | None
     finished_at: float | None
+    #: RQ ended the job but the record does not say so yet (:func:`settle` writes it).
+    unsettled: bool = False
 
 
 def describe_failure(exc_string: str, *, timeout_s: int | None = None,
@@ -58,17 +62,17 @@ def describe_failure(exc_string: str, *, timeout_s: int | None = None,
     return {"code": INTERNAL, "message": f"the placement crashed in the worker: {last[:500]}"}
 
 
-def resolve(store: Store, settings: Settings, record: PlacementRecord, job: Job | None) -> View:
-    """The current view of a placement, persisting any end RQ reached on its own."""
+def resolve(record: PlacementRecord, job: Job | None) -> View:
+    """The current view of a placement; reads only (RQ's own ends are marked ``unsettled``)."""
     if record.terminal:
         return _ended(record, job)
     if job is None:
         if time.time() - record.created_at < ENQUEUE_GRACE_S:
-            # Saved a moment ago and about to be enqueued (the API saves the record first).
+            # A record saved by hand (tools, tests) before its job; the API saves both at once.
             return View(record, "queued", {"phase": "queued", "fraction": 0.0}, None, None, None)
         error = {"code": LOST, "message": "the placement's job is no longer in Redis (was its "
                  "data lost?); submit it again"}
-        return _persist_end(store, settings, record, job, "failed", error)
+        return _rq_end(record, job, "failed", error)
     status = job.get_status(refresh=False)
     if status == JobStatus.FAILED:
         result = job.latest_result()
@@ -76,19 +80,34 @@ def resolve(store: Store, settings: Settings, record: PlacementRecord, job: Job 
             if job.ended_at and job.started_at else None
         error = describe_failure(result.exc_string if result else "", timeout_s=record.timeout_s,
                                  ran_s=ran)
-        return _persist_end(store, settings, record, job, "failed", error)
+        return _rq_end(record, job, "failed", error)
     if status in (JobStatus.STOPPED, JobStatus.CANCELED):
-        return _persist_end(store, settings, record, job, "canceled", None)
+        return _rq_end(record, job, "canceled", None)
     if status == JobStatus.FINISHED:
         # The function writes the record before returning; getting here means it returned
         # without doing so, which only a bug does.
         error = {"code": INTERNAL, "message": "the worker finished without storing a plan"}
-        return _persist_end(store, settings, record, job, "failed", error)
+        return _rq_end(record, job, "failed", error)
     started = record.started_at or _stamp(job.started_at)
     if status == JobStatus.STARTED:
         progress = jobs.progress(job) or {"phase": "starting", "fraction": 0.0}
         return View(record, "running", progress, None, started, None)
     return View(record, "queued", {"phase": "queued", "fraction": 0.0}, None, started, None)
+
+
+def settle(store: Store, settings: Settings, record: PlacementRecord, job: Job | None) -> View:
+    """:func:`resolve`, then write an end RQ reached on its own to the record."""
+    view = resolve(record, job)
+    if not view.unsettled:
+        return view
+    previous = store.transition(record.id, view.status, settings.result_ttl_s,
+                                finished_at=view.finished_at, error=view.error)
+    if previous in ("finished", "failed", "canceled"):
+        # Someone else ended it meanwhile (the worker, a cancel): report theirs.
+        fresh = store.get(record.id)
+        if fresh is not None:
+            return _ended(fresh, job)
+    return replace(view, unsettled=False)
 
 
 def _ended(record: PlacementRecord, job: Job | None) -> View:
@@ -105,20 +124,14 @@ def _ended(record: PlacementRecord, job: Job | None) -> View:
     return View(record, record.status, progress, error, record.started_at, record.finished_at)
 
 
-def _persist_end(store: Store, settings: Settings, record: PlacementRecord, job: Job | None,
-                 status: str, error: dict[str, Any] | None) -> View:
+def _rq_end(record: PlacementRecord, job: Job | None, status: str,
+            error: dict[str, Any] | None) -> View:
     finished = _stamp(job.ended_at) if job is not None and job.ended_at else time.time()
-    previous = store.transition(record.id, status, settings.result_ttl_s,
-                                finished_at=finished, error=error)
-    if previous in ("finished", "failed", "canceled"):
-        # Someone else ended it meanwhile (the worker, a cancel): report theirs.
-        fresh = store.get(record.id)
-        if fresh is not None:
-            return _ended(fresh, job)
-    record.status, record.error, record.finished_at = status, error, finished
-    if record.started_at is None and job is not None:
-        record.started_at = _stamp(job.started_at)
-    return _ended(record, job)
+    started = record.started_at
+    if started is None and job is not None:
+        started = _stamp(job.started_at)
+    ended = replace(record, status=status, error=error, finished_at=finished, started_at=started)
+    return replace(_ended(ended, job), unsettled=True)
 
 
 def _stamp(value: Any) -> float | None:
