@@ -24,6 +24,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,12 +160,13 @@ def profile(
         "run_seconds": round(measured - traced, 3),
         "persistent_bytes": sum(v.nbytes for v in [*variables.values(), *unused]),
     }
-    _validate(document)
+    validate_profile(document)
     return document
 
 
-def _validate(document: dict[str, Any]) -> None:
-    """The engine's own check of the format (a failure here is a bug of the profiler)."""
+def validate_profile(document: dict[str, Any]) -> None:
+    """The engine's own check of a profiled graph (TensorFlow's or PyTorch's): a failure is a
+    bug of the profiler, reported as :class:`ProfileError`."""
     from baechi.errors import InvalidGraph
     from baechi.graph import load_graph
 
@@ -264,10 +266,19 @@ def _unwrap_output(tensor: Any) -> Any:
 
 
 # -------------------------------------------------------------------------- measuring
-def _session_config() -> Any:
+def _session_config(devices_from_context: bool = False) -> Any:
+    """A session config that runs the graph as traced: no graph rewrites, no folding.
+
+    ``devices_from_context`` gives the session the devices the eager context has (the
+    logical CPUs of :func:`~baechi.client.devices.split_cpu`); by default a session sees one.
+    """
     import tensorflow as tf
+    from tensorflow.python.eager import context
 
     config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+    if devices_from_context:
+        config.MergeFrom(context.context().config)
+        config.allow_soft_placement = True
     config.graph_options.rewrite_options.disable_meta_optimizer = True
     options = config.graph_options.optimizer_options
     options.opt_level = tf.compat.v1.OptimizerOptions.L0
@@ -286,8 +297,33 @@ def _measure(
     warmup: int,
 ) -> _Measurements:
     """Run the step in a session ``warmup + steps`` times; collect the step stats."""
+    owner = _Owner(keep)
+    result = _Measurements()
+    for metadata in run_traced(graph, arguments, variables, steps, warmup):
+        _collect(metadata, owner, result)
+    return result
+
+
+def run_traced(
+    graph: Any,
+    arguments: list[Any],
+    variables: dict[str, _Variable],
+    steps: int,
+    warmup: int,
+    *,
+    variable_devices: dict[str, str] | None = None,
+    devices_from_context: bool = False,
+) -> Iterator[Any]:
+    """Run a traced step's graph ``warmup + steps`` times; yield each measured step's metadata.
+
+    The graph is imported into a TF1 graph (ops keep their devices) whose variables are fresh
+    copies of ``variables`` (placeholder name → variable), each on ``variable_devices[name]``
+    when given; a ``tf.compat.v1.Session`` runs it with ``FULL_TRACE`` and yields the
+    ``RunMetadata`` of every step after the warm-up ones.
+    """
     import tensorflow as tf
 
+    variable_devices = variable_devices or {}
     session_graph = tf.Graph()
     input_map: dict[str, Any] = {}
     placeholders = graph.inputs
@@ -297,7 +333,8 @@ def _measure(
                 input_map[placeholders[i].name] = tf.constant(value, name=f"input_{i}")
             for external, internal in graph.captures:
                 if internal.op.name in variables:
-                    copy = tf.Variable(variables[internal.op.name].value, name="variable")
+                    with session_graph.device(variable_devices.get(internal.op.name)):
+                        copy = tf.Variable(variables[internal.op.name].value, name="variable")
                     input_map[internal.name] = copy.handle
                 elif internal.name not in input_map:
                     input_map[internal.name] = tf.constant(external.numpy(), name="captured")
@@ -305,10 +342,9 @@ def _measure(
         initialize = tf.compat.v1.global_variables_initializer()
     fetches = [t.name for t in graph.outputs]
     targets = [op.name for op in graph.control_outputs]
-    owner = _Owner(keep)
-    result = _Measurements()
     options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-    with tf.compat.v1.Session(graph=session_graph, config=_session_config()) as session:
+    config = _session_config(devices_from_context)
+    with tf.compat.v1.Session(graph=session_graph, config=config) as session:
         session.run(initialize)
         for i in range(warmup + steps):
             metadata = tf.compat.v1.RunMetadata()
@@ -317,8 +353,7 @@ def _measure(
             except tf.errors.OpError as exc:
                 raise ProfileError(f"running the training step failed: {exc.message}") from exc
             if i >= warmup:
-                _collect(metadata, owner, result)
-    return result
+                yield metadata
 
 
 class _Owner:
@@ -564,4 +599,4 @@ def _forward_pairs(names: list[str]) -> dict[str, str]:
     return pairs
 
 
-__all__ = ["profile", "tensor_bytes", "variable_names"]
+__all__ = ["profile", "run_traced", "tensor_bytes", "variable_names"]
