@@ -6,7 +6,9 @@ Steps: reject requests no plan can fit (memory floors, :mod:`baechi.bounds`), th
 budgets while memory overshoots). A named algorithm that finds no plan within memory falls
 back to the unreduced graph, then to m-fill, before :class:`InfeasiblePlacement`. With
 ``portfolio`` the unreduced graph and m-fill are tried anyway and the fastest plan kept;
-with ``allow_single`` a faster single-device plan replaces the result.
+with ``allow_single`` a faster single-device plan replaces the result. Every plan, named
+algorithm or ``auto``, then goes through one post-pass, :func:`_order_transfers`: the
+model-aware transfer order (:mod:`baechi.ordering`) when it replays strictly faster.
 
 The request's deadline is ``options.time_limit_s`` after ``place`` starts: no retry or
 fallback starts after it (a last m-fill excepted while there is no plan), solvers get the time
@@ -15,7 +17,12 @@ left, and ``auto`` returns its best plan so far.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
+import pickle
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,19 +30,38 @@ from typing import Any
 from baechi._version import __version__
 from baechi.algorithms import DEFAULT_ALGORITHM, get_algorithm
 from baechi.algorithms.base import Progress, no_progress
-from baechi.auto import candidate_fields, place_auto
+from baechi.auto import OPTIMAL_TOLERANCE, Outcome, candidate_fields, place_auto
 from baechi.bounds import unit_floor
 from baechi.cluster import Cluster
 from baechi.costmodel import CostModel
-from baechi.errors import InfeasiblePlacement
+from baechi.errors import InfeasiblePlacement, PlacementError
 from baechi.graph import Graph, load_graph
 from baechi.grouping import Units
 from baechi.options import Options
+from baechi.ordering import order_transfers
 from baechi.placing import Request, Run, add_seconds, graph_needs, run_algorithm, single_plan
 from baechi.plan import GraphInfo, Plan, PlanRequest, PlanStats
-from baechi.simulate import Simulation
+from baechi.simulate import Simulation, transfer_entries
 from baechi.throughput import check_objective
 from baechi.throughput_plan import place_for_throughput
+
+#: Modules whose native runtime crashes OR-Tools' solvers in the same process (their protobuf
+#: and absl copies clash): after TensorFlow has run a step, CP-SAT's solve segfaults (measured
+#: with TF 2.21 and OR-Tools 9.x). ``place`` then runs in a fresh interpreter.
+CONFLICTING_MODULES = ("tensorflow",)
+
+#: The child's program: read the arguments, place, write back the plan or the error.
+_CHILD = """
+import pickle, sys
+from baechi.api import place
+from baechi.errors import PlacementError
+args = pickle.load(sys.stdin.buffer)
+try:
+    result = place(*args)
+except PlacementError as error:
+    result = error
+pickle.dump(result, sys.stdout.buffer)
+"""
 
 #: The name of the portfolio algorithm (the default, :data:`baechi.defaults.DEFAULT_ALGORITHM`).
 AUTO = "auto"
@@ -97,6 +123,8 @@ def place(
     >>> place(g, {"devices": {"count": 2}}, "m-etf").estimate.step_time_us
     10.0
     """
+    if any(name in sys.modules for name in CONFLICTING_MODULES):
+        return _place_in_fresh_process(graph, cluster, algorithm, options, objective)
     started = time.perf_counter()
     report = progress or no_progress
     cluster_json = cluster.to_json() if isinstance(cluster, Cluster) else cluster
@@ -118,10 +146,70 @@ def place(
         result = _Result(outcome.run, outcome.simulation, outcome.seconds,
                          candidate_fields(outcome))
     else:
-        result = _place_named(request, algorithm)
+        outcome, result = None, _place_named(request, algorithm)
+    report("order", 0.0)
+    result = _order_transfers(request, result)
+    if outcome is not None:
+        result = _reorder_others(request, outcome, result)
     report("done", 1.0)
     return _plan(request, cluster_json, algorithm, result,
                  {"validate": validate_s, **result.seconds}, started)
+
+
+def _order_transfers(request: Request, result: _Result) -> _Result:
+    """The post-pass every plan goes through: keep the model-aware transfer order when it
+    replays strictly faster than FIFO and fits memory (``options.transfer_order``), within the
+    request's deadline. Adds the ``order`` phase and the ``transfer_order`` stats fields."""
+    tick = time.perf_counter()
+    outcome = order_transfers(request.cost, result.simulation, request.end,
+                              request.options.transfer_order)
+    fields = {**result.fields, "transfer_order": outcome.kept,
+              "fifo_step_time_us": outcome.fifo_step_time_us,
+              "transfer_order_note": outcome.note}
+    seconds = add_seconds(result.seconds, {"order": time.perf_counter() - tick})
+    return dataclasses.replace(result, simulation=outcome.simulation, seconds=seconds,
+                               fields=fields)
+
+
+def _reorder_others(request: Request, outcome: Outcome, result: _Result) -> _Result:
+    """``auto`` compares its candidates under FIFO channels; a plan it passed over may beat
+    the chosen one once both keep their best transfer order. Order the others too (within
+    the deadline) and return the fastest, so ``auto`` is never slower than a named
+    algorithm, which gets the same post-pass."""
+    for run, simulation, chosen in outcome.others:
+        if request.expired():
+            break
+        other = _order_transfers(request, dataclasses.replace(
+            result, run=run, simulation=simulation))
+        step = other.simulation.estimate.step_time_us
+        if step < result.simulation.estimate.step_time_us:
+            fields = {**other.fields, "chosen": chosen,
+                      "optimal": step <= outcome.bound_us * (1 + OPTIMAL_TOLERANCE)}
+            result = dataclasses.replace(other, fields=fields)
+        else:  # keep the plan, count the time
+            result = dataclasses.replace(result, seconds=other.seconds)
+    return result
+
+
+def _place_in_fresh_process(
+    graph: Graph | dict[str, Any] | str, cluster: Cluster | dict[str, Any], algorithm: str,
+    options: Options | dict[str, Any] | None, objective: str,
+) -> Plan:
+    """:func:`place` in a new interpreter (see :data:`CONFLICTING_MODULES`); the same plan, or
+    the same :class:`~baechi.errors.PlacementError`. Progress is not reported from there. A
+    subprocess, not multiprocessing: spawning would re-run the caller's script."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD],
+        input=pickle.dumps((graph, cluster, algorithm, options, None, objective)),
+        capture_output=True, env=env, check=False)
+    if done.returncode != 0:
+        raise PlacementError("placement in a fresh interpreter failed: "
+                             + done.stderr.decode(errors="replace")[-2000:])
+    result = pickle.loads(done.stdout)
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 def _place_named(request: Request, algorithm: str) -> _Result:
@@ -257,6 +345,8 @@ def _plan(
     names = [d.name for d in cluster.devices]
     placement = {graph.names[op]: names[d] for op, d in enumerate(simulation.device_of)}
     order = {names[d]: [graph.names[op] for op in ops] for d, ops in enumerate(simulation.orders)}
+    transfer_order = (None if simulation.transfer_order is None
+                      else transfer_entries(graph, cluster, simulation.transfer_order))
     reduction = run.reduction
     nodes = reduction.nodes if reduction is not None else []
     stats = PlanStats.model_validate({
@@ -277,6 +367,7 @@ def _plan(
         ),
         placement=placement,
         order=order,
+        transfer_order=transfer_order,
         estimate=simulation.estimate,
         stats=stats,
         engine={"version": __version__},

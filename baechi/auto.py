@@ -147,6 +147,9 @@ class Outcome:
     #: The best lower bound proved on every plan's step time: the simulator's, or a
     #: solver's (``exact`` on the graph itself), whichever is higher.
     bound_us: float
+    #: The other plans found (slower under FIFO channels), each with the run and the choice
+    #: it stands for: the transfer-order post-pass may make one of them the fastest.
+    others: list[tuple[Run, Simulation, Chosen]] = dataclasses.field(default_factory=list)
 
     @property
     def optimal(self) -> bool:
@@ -226,7 +229,10 @@ def place_auto(request: Request) -> Outcome:
             if simulation is not best.simulation:
                 chosen = chosen.model_copy(update={"local_search": True})
             deadline_reached = deadline_reached or request.expired()
-    return Outcome(best, simulation, candidates, chosen, seconds, deadline_reached, bound_us)
+    others = [(run, run.simulation, Chosen(algorithm=run.algorithm, pipeline=run.pipeline))
+              for run in runs if run.simulation is not None and run is not best]
+    return Outcome(best, simulation, candidates, chosen, seconds, deadline_reached, bound_us,
+                   others)
 
 
 def _run_entry(request: Request, entry: Entry, runs: list[Run], *, first: bool) -> Run | None:

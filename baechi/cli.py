@@ -22,7 +22,7 @@ from baechi._version import __version__
 from baechi.algorithms import ALGORITHM_NAMES, DEFAULT_ALGORITHM
 from baechi.api import place
 from baechi.cluster import Cluster
-from baechi.defaults import DEFAULT_TIME_LIMIT_S
+from baechi.defaults import DEFAULT_TIME_LIMIT_S, DEFAULT_TRANSFER_ORDER
 from baechi.errors import InvalidCluster, MissingExtra, PlacementError
 from baechi.graph import load_graph
 from baechi.plan import Candidate, Estimate, Plan
@@ -115,6 +115,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         options["portfolio"] = True
     if args.time_limit is not None:
         options["time_limit_s"] = args.time_limit
+    if args.transfer_order is not None:
+        options["transfer_order"] = args.transfer_order
     return options
 
 
@@ -167,6 +169,14 @@ def summary(plan: Plan, estimate: Estimate, cluster: Cluster) -> str:
     if stats.deadline_reached:
         lines.append("note           the time limit was reached: this is the best plan found "
                      "by then")
+    if plan.transfer_order is not None and cluster.network.mode == "sequential":
+        fifo = stats.fifo_step_time_us
+        lines.append("transfer order model-aware (the plan's transfer_order)"
+                     + ("" if fifo is None else f"; FIFO would take {_ms(fifo)}")
+                     + (f"; {stats.transfer_order_note}" if stats.transfer_order_note else ""))
+    elif stats.transfer_order == "fifo":
+        lines.append("transfer order FIFO (first come, first served)"
+                     + (f"; {stats.transfer_order_note}" if stats.transfer_order_note else ""))
     lines += [
         f"step time      {_ms(e.step_time_us)}  (lower bound {_ms(e.lower_bound_us)}, "
         f"ratio {e.step_time_us / e.lower_bound_us if e.lower_bound_us else 1:.3f})",
@@ -175,9 +185,9 @@ def summary(plan: Plan, estimate: Estimate, cluster: Cluster) -> str:
         "peak memory",
     ]
     if e.time_per_sample_us is not None:  # the throughput objective (DESIGN §10)
-        optimal = plan.stats.get("optimal")
+        optimal = plan.stats.optimal
         proof = "" if optimal is None else "  (proved optimal)" if optimal else \
-            f"  (best found; bound {_ms(plan.stats.get('bound_us', 0.0))})"
+            f"  (best found; bound {_ms(plan.stats.bound_us or 0.0)})"
         loads = ", ".join(f"{name} {_ms(us)}" for name, us in (e.device_load_us or {}).items())
         lines[-3:-3] = [f"time/sample    {_ms(e.time_per_sample_us)}{proof}",
                         f"device loads   {loads}"]
@@ -293,9 +303,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=float, default=None, metavar="S",
                    help="deadline of the whole request in seconds (default "
                         f"{DEFAULT_TIME_LIMIT_S:g}); auto returns its best plan by then")
+    p.add_argument("--transfer-order", choices=("fifo", "model-aware"), default=None,
+                   help="order of each channel's transfers (sequential mode): model-aware "
+                        "keeps the order by the consumers' urgency when it is faster (default "
+                        f"{DEFAULT_TRANSFER_ORDER}); fifo books first come, first served")
     p.set_defaults(func=cmd_place)
 
-    s = verbs.add_parser("simulate", help="replay a plan and print its summary")
+    s = verbs.add_parser("simulate", help="replay a plan (with its transfer_order, if any) and "
+                                          "print its summary")
     s.add_argument("graph")
     s.add_argument("plan")
     s.add_argument("--cluster", metavar="FILE", help="replay on this cluster instead")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from baechi.cluster import describe_validation_error
-from baechi.defaults import DEFAULT_TIME_LIMIT_S
+from baechi.defaults import DEFAULT_TIME_LIMIT_S, DEFAULT_TRANSFER_ORDER
 from baechi.errors import InvalidRequest
 
 
@@ -29,6 +29,10 @@ class Options(BaseModel):
     #: the time).
     portfolio: StrictBool = False
     time_limit_s: float = Field(default=DEFAULT_TIME_LIMIT_S, gt=0, le=86400, allow_inf_nan=False)
+    #: How each channel's transfers are ordered (sequential mode): ``"fifo"``, first come,
+    #: first served (DESIGN §4), or ``"model-aware"``, by the urgency of their consumers,
+    #: kept only when strictly faster (:mod:`baechi.ordering`).
+    transfer_order: Literal["fifo", "model-aware"] = DEFAULT_TRANSFER_ORDER  # type: ignore[assignment]
 
     @classmethod
     def parse(cls, value: Options | dict[str, Any] | None) -> Options:

@@ -9,10 +9,13 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
+    StrictInt,
     ValidationError,
     field_serializer,
     field_validator,
     model_serializer,
+    model_validator,
 )
 
 from baechi.cluster import describe_validation_error
@@ -130,7 +133,8 @@ class PlanStats(BaseModel):
     placement_seconds: float = 0.0
     #: Nodes the algorithm placed (after the reduction pipeline).
     nodes_placed: int = 0
-    #: Seconds per phase (validate, grouping, co_placement, fusion, place, simulate, search).
+    #: Seconds per phase (validate, grouping, co_placement, fusion, place, simulate, search,
+    #: order: the transfer-order post-pass).
     phases: dict[str, float] = Field(default_factory=dict)
     #: Nodes and units after each reduction step run.
     nodes: list[ReductionStep] = Field(default_factory=list)
@@ -156,10 +160,64 @@ class PlanStats(BaseModel):
     #: and the proven lower bound of every plan's step time (``None``: nothing proven).
     optimal: bool | None = None
     bound_us: float | None = None
+    #: Sequential mode, step-time objective: the channel order the plan keeps, ``"fifo"``
+    #: (first come, first served; no ``transfer_order`` in the plan) or ``"model-aware"``
+    #: (the plan's ``transfer_order``, kept because it replays strictly faster); ``None``
+    #: where there are no channels to order. ``fifo_step_time_us``: the step time with FIFO.
+    transfer_order: Literal["fifo", "model-aware"] | None = None
+    fifo_step_time_us: float | None = None
+    #: Why model-aware ordering was not tried or cut short (the deadline), when it was.
+    transfer_order_note: str | None = None
+
+
+class TransferEntry(BaseModel):
+    """One message in a channel's transfer order (ARCHITECTURE.md, "Transfer order"): the
+    message the cost model keys as (``src``, ``tensor``, ``bytes``) to device ``dst``, or
+    the control message from ``src`` to ``dst`` when ``control`` is true. It is sent from the
+    device the plan places ``src`` on.
+
+    Examples
+    --------
+    >>> TransferEntry(src="a", bytes=8, dst="/GPU:1").model_dump()
+    {'src': 'a', 'tensor': 'a', 'bytes': 8, 'dst': '/GPU:1'}
+    >>> TransferEntry(src="a", dst="/GPU:1", control=True).model_dump()
+    {'src': 'a', 'dst': '/GPU:1', 'control': True}
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    src: str
+    tensor: str | None = None
+    bytes: StrictInt | None = Field(default=None, ge=0)
+    dst: str
+    control: StrictBool = False
+
+    @model_validator(mode="after")
+    def _data_or_control(self) -> TransferEntry:
+        if self.control:
+            if self.tensor is not None or self.bytes is not None:
+                raise ValueError("a control message has no tensor or bytes")
+        elif self.bytes is None:
+            raise ValueError(f"the transfer of {self.src!r} to {self.dst!r} needs 'bytes' "
+                             "(the edge's bytes), or 'control': true")
+        elif self.tensor is None:
+            object.__setattr__(self, "tensor", self.src)  # the tensor defaults to the op
+        return self
+
+    @model_serializer(mode="plain")
+    def _as_json(self) -> dict[str, Any]:
+        if self.control:
+            return {"src": self.src, "dst": self.dst, "control": True}
+        return {"src": self.src, "tensor": self.tensor, "bytes": self.bytes, "dst": self.dst}
 
 
 class Plan(BaseModel):
-    """Device per op, order per device, and the simulator's estimate for that order."""
+    """Device per op, order per device, and the simulator's estimate for that order.
+
+    ``transfer_order`` (optional): per device, its channel's messages in booking order
+    (ARCHITECTURE.md, "Transfer order"); absent, channels are booked first come, first served
+    (DESIGN §4). It is left out of the JSON when absent.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -168,9 +226,17 @@ class Plan(BaseModel):
     request: PlanRequest
     placement: dict[str, str]
     order: dict[str, list[str]]
+    transfer_order: dict[str, list[TransferEntry]] | None = None
     estimate: Estimate | None = None
     stats: PlanStats = Field(default_factory=PlanStats)
     engine: dict[str, Any] = Field(default_factory=dict)
+
+    @model_serializer(mode="wrap")
+    def _without_absent(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("transfer_order") is None:
+            data.pop("transfer_order", None)  # plans without one read as before
+        return data
 
     @classmethod
     def parse(cls, value: Plan | dict[str, Any]) -> Plan:

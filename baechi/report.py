@@ -1017,6 +1017,7 @@ _TEMPLATE = """<!DOCTYPE html>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta name="generator" content="baechi report">
+<link rel="icon" href="data:,">
 <title>{title}</title>
 <style>{css}</style>
 </head>

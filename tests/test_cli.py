@@ -58,6 +58,19 @@ def test_every_algorithm_from_the_cli(tmp_path: Path, algorithm: str, capsys) ->
     assert f"algorithm      {algorithm} on 2 devices" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("algorithm", ["throughput-contiguous", "throughput-cpsat"])
+def test_throughput_objective_summary(tmp_path: Path, algorithm: str, capsys) -> None:
+    """The throughput summary reads the typed stats (it used to call ``stats.get`` and
+    crash with a traceback)."""
+    graph = tmp_path / "g.json"
+    graph.write_text(json.dumps(graph_doc([op("a", 5), op("b", 7), op("c", 3)],
+                                          [edge("a", "b", 10), edge("b", "c", 10)])))
+    assert main(["place", str(graph), "--devices", "2", "--objective", "throughput",
+                 "--algorithm", algorithm]) == 0
+    out = capsys.readouterr().out
+    assert "time/sample" in out and "(proved optimal)" in out
+
+
 def test_invalid_input_exits_2_with_one_line(tmp_path: Path) -> None:
     graph = tmp_path / "bad.json"
     graph.write_text(json.dumps(graph_doc([op("a", -3)])))
