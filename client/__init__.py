@@ -8,6 +8,8 @@ The five-line story (DESIGN §8)::
     client.apply_plan(model, plan)                                     # TensorFlow
     model.fit(x, y)
 
+``client.measure(model, x, y, plan)`` reports how closely TensorFlow follows the plan.
+
 The HTTP part needs no TensorFlow; :func:`profile` and :func:`apply_plan` import it when called.
 """
 
@@ -33,6 +35,7 @@ from baechi.client.errors import (
 )
 
 if TYPE_CHECKING:
+    from baechi.client.measurement import MeasureReport
     from baechi.client.pinning import AppliedPlan
     from baechi.client.sdk import BaechiClient, Placement, PlacementStatus
 
@@ -69,6 +72,17 @@ def apply_plan(model: Any, plan: Any, optimizer: Any = None, **kwargs: Any) -> A
     return _apply_plan(model, plan, optimizer, **kwargs)
 
 
+def measure(model: Any, x: Any, y: Any, plan: Any, steps: int = 5,
+            **kwargs: Any) -> MeasureReport:
+    """Run placed training steps and report how closely TensorFlow followed the plan.
+
+    See :func:`baechi.client.measurement.measure` for the parameters.
+    """
+    from baechi.client.measurement import measure as _measure
+
+    return _measure(model, x, y, plan, steps=steps, **kwargs)
+
+
 __all__ = [
     "BaechiClient",
     "BaechiError",
@@ -88,5 +102,6 @@ __all__ = [
     "Unauthorized",
     "WaitTimeout",
     "apply_plan",
+    "measure",
     "profile",
 ]

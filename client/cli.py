@@ -1,9 +1,10 @@
 """Client verbs of the ``baechi`` command: ``submit``, ``status``, ``fetch``, ``cancel``,
-``profile``.
+``profile``, ``measure``.
 
 ``baechi.cli`` calls :func:`register` with its sub-parsers. Nothing heavy is imported here: the
-HTTP client loads when a service verb runs, TensorFlow when ``profile`` runs. Errors print one
-line on stderr; the exit status is 2 for bad input, 1 for a service or job failure.
+HTTP client loads when a service verb runs, TensorFlow when ``profile`` or ``measure`` runs.
+Errors print one line on stderr; the exit status is 2 for bad input, 1 for a service or job
+failure.
 """
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from baechi.defaults import DEFAULT_ALGORITHM
+
+#: ``baechi measure`` is interactive: a plan in seconds rather than the service's 60 s.
+MEASURE_TIME_LIMIT_S = 10.0
 
 #: Environment variables for the defaults of ``--server`` and ``--api-key``.
 URL_ENV = "BAECHI_URL"
@@ -73,6 +79,29 @@ def register(subparsers: Any) -> None:
     r.add_argument("--steps", type=int, default=5, help="profiled steps (default 5)")
     r.add_argument("-o", "--output", required=True, metavar="GRAPH", help="graph JSON to write")
     r.set_defaults(func=cmd_profile)
+
+    m = subparsers.add_parser(
+        "measure", help="place a bundled example Keras model and measure how closely "
+                        "TensorFlow follows the plan (needs TensorFlow)",
+        description="Profile a small bundled Keras model, place it in-process (or take "
+                    "--plan), run placed training steps with and without order enforcement, "
+                    "and print: ops on their planned device, consecutive pairs run in the "
+                    "plan's order, measured and predicted step time, busy time per device. "
+                    "Without a GPU the CPU is split into --devices logical devices.",
+    )
+    m.add_argument("--model", default="cnn", choices=("cnn", "lstm", "resnet50"),
+                   help="example model (default cnn)")
+    m.add_argument("--batch", type=int, default=None, help="batch size")
+    m.add_argument("--steps", type=int, default=5, help="measured steps per run (default 5)")
+    m.add_argument("--devices", type=int, default=4, help="devices to place on (default 4)")
+    m.add_argument("--algorithm", "-a", default=DEFAULT_ALGORITHM,
+                   help=f"placement algorithm (default {DEFAULT_ALGORITHM})")
+    m.add_argument("--time-limit", type=float, default=MEASURE_TIME_LIMIT_S, metavar="S",
+                   help=f"placement time limit in seconds (default {MEASURE_TIME_LIMIT_S:g})")
+    m.add_argument("--plan", metavar="PLAN", default=None,
+                   help="measure this plan (made for the same model and batch) instead")
+    m.add_argument("--json", action="store_true", help="print the report as JSON")
+    m.set_defaults(func=cmd_measure)
 
 
 def _add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -193,6 +222,47 @@ def _profile(args: argparse.Namespace) -> int:
     print(f"profiled {example.description}: {len(graph['ops'])} ops, {len(graph['edges'])} "
           f"edges, {meta['measured_fraction']:.1%} of compute ops timed, {seconds:.1f} s")
     print(f"graph written to {args.output}")
+    return 0
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+    return _guard(_measure, args)
+
+
+def _measure(args: argparse.Namespace) -> int:
+    import orjson
+
+    from baechi.cli import require_extra
+
+    require_extra("tf", "measure")
+    import tensorflow as tf
+    from baechi.client.devices import split_cpu
+    from baechi.client.errors import InvalidInput
+    from baechi.client.measurement import measure
+    from baechi.client.models import EXAMPLES
+    from baechi.client.profiler import profile
+
+    import baechi
+
+    if args.devices < 1 or args.steps < 1:
+        raise InvalidInput("--devices and --steps must be ≥ 1")
+    if not tf.config.list_physical_devices("GPU"):
+        split_cpu(args.devices)
+    example = EXAMPLES[args.model]
+    model, x, y, loss, optimizer = example.make(args.batch)
+    if args.plan:
+        plan: Any = args.plan
+    else:
+        graph = profile(model, x, y, loss, optimizer, steps=max(args.steps, 2))
+        plan = baechi.place(graph, {"devices": {"count": args.devices}}, args.algorithm,
+                            {"time_limit_s": args.time_limit})
+        print(_plan_summary(plan))
+    report = measure(model, x, y, plan, steps=args.steps, loss=loss, optimizer=optimizer)
+    if args.json:
+        print(orjson.dumps(report.model_dump(mode="json"), option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(f"{example.description}, {args.steps} measured step(s) per run:")
+        print(report.table())
     return 0
 
 

@@ -7,7 +7,12 @@ Three things happen:
    keyed by the variables' identities, is rebuilt.
 2. A device function looks every op up in the plan by name while the training step is traced
    again; ops the plan does not name keep the device TensorFlow gives them.
-3. ``model.fit`` is patched to trace its step under that device function (and without XLA,
+3. With ``enforce_order`` (the default), once the step is traced each device's planned ops
+   are chained by control dependencies in the plan's ``order``, and, when the plan carries a
+   ``transfer_order``, every planned cross-device tensor is routed through an ``Identity`` on
+   its receiving device and those identities are chained per channel in that order (see
+   :mod:`baechi.client.ordering`). :attr:`AppliedPlan.enforcement` says what was added.
+4. ``model.fit`` is patched to trace its step under that device function (and without XLA,
    which would compile the whole step for one device); :meth:`AppliedPlan.wrap` and
    :meth:`AppliedPlan.train_step` do the same for a custom training loop.
 
@@ -27,6 +32,7 @@ from typing import Any
 import orjson
 from baechi.client.devices import cluster_device_names, local_devices, map_devices
 from baechi.client.errors import InvalidInput, PlanMismatch
+from baechi.client.ordering import Enforcement, enforce
 
 
 @dataclass
@@ -77,6 +83,9 @@ class AppliedPlan:
         devices: dict[str, str],
         moved: dict[str, str],
         unplanned_variables: list[str],
+        order: dict[str, list[str]] | None = None,
+        transfer_order: dict[str, list[dict[str, Any]]] | None = None,
+        enforce_order: bool = False,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -90,6 +99,15 @@ class AppliedPlan:
         self.unplanned_variables = unplanned_variables
         #: planned ops the device function has seen while a step was traced → their type.
         self.traced: dict[str, str] = {}
+        #: local device → its planned ops in the plan's order (None: the plan has none).
+        self.order = order
+        #: plan device → its channel's transfers in order (``dst`` mapped to local devices).
+        self.transfer_order = transfer_order
+        #: order the traced steps by control dependencies (see :func:`apply_plan`).
+        self.enforce_order = enforce_order
+        #: what enforcing the order added to the most recently traced step.
+        self.enforcement: Enforcement | None = None
+        self._tracing: list[set[str]] = []
 
     def __repr__(self) -> str:
         return (f"AppliedPlan({len(self.placement)} ops on {len(set(self.devices.values()))} "
@@ -105,11 +123,16 @@ class AppliedPlan:
         if device is None:
             return op.device
         self.traced[op.name] = op.type
+        if self._tracing:
+            self._tracing[-1].add(op.name)
         return device
 
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:
-        """Inside a ``tf.function`` being traced: create ops on their planned devices."""
+        """Inside a ``tf.function`` being traced: create ops on their planned devices.
+
+        With order enforcement, the ops created in the block are ordered when it exits.
+        """
         import tensorflow as tf
 
         if tf.executing_eagerly():
@@ -117,8 +140,18 @@ class AppliedPlan:
                 "AppliedPlan.scope() works while a tf.function is traced; in eager code use "
                 "AppliedPlan.wrap(step) or AppliedPlan.train_step(loss)"
             )
-        with tf.compat.v1.get_default_graph().device(self.device_function):
-            yield
+        graph = tf.compat.v1.get_default_graph()
+        self._tracing.append(set())
+        try:
+            with graph.device(self.device_function):
+                yield
+            created = self._tracing[-1]
+        finally:
+            self._tracing.pop()
+        if self.enforce_order and self.order is not None:
+            # The whole step exists now: order it (see baechi.client.ordering).
+            self.enforcement = enforce(graph, self.order, self.transfer_order,
+                                       self.placement, created)
 
     def wrap(self, step: Callable[..., Any], **function_kwargs: Any) -> Any:
         """``tf.function(step)`` whose ops are created on their planned devices."""
@@ -186,6 +219,7 @@ def apply_plan(
     devices: list[str] | None = None,
     device_type: str | None = None,
     patch_fit: bool = True,
+    enforce_order: bool = True,
 ) -> AppliedPlan:
     """Move ``model``'s variables to their planned devices and prepare placed training steps.
 
@@ -205,11 +239,18 @@ def apply_plan(
         Which local devices stand for the plan's devices (default: GPUs if there are any).
     patch_fit : bool
         Make ``model.fit`` trace its step under the plan (and without XLA).
+    enforce_order : bool
+        Make each device run its planned ops in the plan's ``order``, and the plan's
+        transfers (when it carries a ``transfer_order``) arrive in each channel's order, by
+        control dependencies in the traced step (:mod:`baechi.client.ordering`). False
+        leaves the order to TensorFlow's executor; so does a plan without an ``order`` (a
+        hand-written placement).
 
     Returns
     -------
     AppliedPlan
-        ``.wrap(step)``, ``.train_step(loss)``, ``.scope()`` and ``.check()``.
+        ``.wrap(step)``, ``.train_step(loss)``, ``.scope()`` and ``.check()``;
+        ``.enforcement`` after a step was traced.
 
     Raises
     ------
@@ -224,13 +265,40 @@ def apply_plan(
     tf.functions traced before this call hold the old variables: trace them again (Keras's own
     ``fit``/``evaluate``/``predict`` functions are reset here).
     """
-    placement_by_plan, cluster_order = _read_plan(plan)
+    applied = prepare_plan(model, plan, optimizer, devices=devices, device_type=device_type,
+                           enforce_order=enforce_order)
+    moved, unplanned = _move_variables(model, applied.optimizer, applied.placement)
+    if applied.optimizer is not None:
+        _reindex(applied.optimizer)
+    applied.moved_variables, applied.unplanned_variables = moved, unplanned
+    _reset_functions(model)
+    if patch_fit:
+        _patch_fit(model, applied)
+    return applied
+
+
+def prepare_plan(
+    model: Any,
+    plan: Any,
+    optimizer: Any = None,
+    *,
+    devices: list[str] | None = None,
+    device_type: str | None = None,
+    enforce_order: bool = True,
+) -> AppliedPlan:
+    """:func:`apply_plan` without moving anything: the plan read and mapped onto local devices.
+
+    :func:`baechi.client.measurement.measure` traces placed steps with it and leaves the
+    model as it is.
+    Parameters as for :func:`apply_plan`.
+    """
+    read = read_plan(plan)
     if devices is None:
         kind, local = local_devices(device_type)
     else:
         kind, local = "given", list(devices)
-    mapping = map_devices(placement_by_plan.values(), local, kind, cluster_order)
-    placement = {op: mapping[device] for op, device in placement_by_plan.items()}
+    mapping = map_devices(read.placement.values(), local, kind, read.cluster_order)
+    placement = {op: mapping[device] for op, device in read.placement.items()}
 
     if optimizer is None:
         optimizer = getattr(model, "optimizer", None)
@@ -242,23 +310,38 @@ def apply_plan(
             f"{model.variables[0].path if model.variables else '-'}): was it made for another "
             "model, or profiled before the model was rebuilt?"
         )
-    moved, unplanned = _move_variables(model, optimizer, placement)
-    if optimizer is not None:
-        _reindex(optimizer)
-
-    applied = AppliedPlan(model, optimizer, placement, mapping, moved, unplanned)
-    _reset_functions(model)
-    if patch_fit:
-        _patch_fit(model, applied)
-    return applied
+    order = _local_order(read, placement, mapping)
+    transfer_order = None
+    if read.transfer_order is not None:
+        transfer_order = _local_transfer_order(read.transfer_order, read.placement, mapping)
+    return AppliedPlan(model, optimizer, placement, mapping, {}, [], order, transfer_order,
+                       enforce_order)
 
 
 # ------------------------------------------------------------------------------ plans
-def _read_plan(plan: Any) -> tuple[dict[str, str], list[str]]:
-    """(op → plan device, the cluster's device order) from a Plan, dict, JSON or path."""
+@dataclass
+class ReadPlan:
+    """What the SDK reads from a plan (``read_plan``): checked, nothing resolved yet."""
+
+    placement: dict[str, str]
+    cluster_order: list[str]
+    order: dict[str, list[str]] | None
+    transfer_order: dict[str, list[dict[str, Any]]] | None
+
+
+def read_plan(plan: Any) -> ReadPlan:
+    """Placement, cluster device order, op order and transfer order of a plan.
+
+    From a Plan, a dict, JSON text or a path.
+    """
     if hasattr(plan, "placement") and hasattr(plan, "request"):
         placement = dict(plan.placement)
         cluster = plan.request.cluster
+        order = getattr(plan, "order", None)
+        transfer_order = getattr(plan, "transfer_order", None)
+        if transfer_order is not None:  # TransferEntry models: read them as the JSON reads
+            transfer_order = {device: [entry.model_dump() for entry in entries]
+                              for device, entries in transfer_order.items()}
     else:
         if isinstance(plan, (str, Path)) and not str(plan).lstrip().startswith("{"):
             try:
@@ -274,10 +357,79 @@ def _read_plan(plan: Any) -> tuple[dict[str, str], list[str]]:
             raise InvalidInput("plan: expected a baechi.plan/v1 document with a 'placement'")
         placement = plan["placement"]
         cluster = (plan.get("request") or {}).get("cluster") or {}
+        order = plan.get("order")
+        transfer_order = plan.get("transfer_order")
     bad = [op for op, device in placement.items() if not isinstance(device, str)]
     if bad:
         raise InvalidInput(f"plan: placement of {bad[0]!r} is not a device name")
-    return placement, cluster_device_names(cluster)
+    return ReadPlan(placement, cluster_device_names(cluster), _check_order(order),
+                     _check_transfer_order(transfer_order))
+
+
+def _check_order(order: Any) -> dict[str, list[str]] | None:
+    if order is None:
+        return None
+    if not isinstance(order, dict) or not all(
+        isinstance(ops, list) and all(isinstance(op, str) for op in ops)
+        for ops in order.values()
+    ):
+        raise InvalidInput("plan: 'order' must map each device to a list of op names")
+    return order
+
+
+def _check_transfer_order(order: Any) -> dict[str, list[dict[str, Any]]] | None:
+    if order is None:
+        return None
+    if not isinstance(order, dict):
+        raise InvalidInput("plan: 'transfer_order' must map each device to a list of transfers")
+    for device, entries in order.items():
+        if not isinstance(entries, list):
+            raise InvalidInput(f"plan: transfer_order[{device!r}] is not a list")
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, dict) or not isinstance(entry.get("src"), str) or \
+                    not isinstance(entry.get("dst"), str):
+                raise InvalidInput(
+                    f"plan: transfer_order[{device!r}][{i}] needs 'src' and 'dst' names"
+                )
+    return order
+
+
+def _local_order(
+    read: ReadPlan, placement: dict[str, str], mapping: dict[str, str]
+) -> dict[str, list[str]] | None:
+    """Local device → its ops in the plan's order; None when the plan has no ``order``."""
+    if read.order is None:
+        return None  # a hand-written placement: nothing to enforce
+    local: dict[str, list[str]] = {}
+    for device, ops in read.order.items():
+        if device not in mapping:
+            continue  # a device the plan orders but puts nothing on
+        wrong = [op for op in ops if placement.get(op) != mapping[device]]
+        if wrong:
+            raise InvalidInput(
+                f"plan: order of {device!r} lists {wrong[0]!r}, which the placement puts on "
+                f"{read.placement.get(wrong[0], 'no device')!r}"
+            )
+        local[mapping[device]] = list(ops)
+    return local
+
+
+def _local_transfer_order(
+    order: dict[str, list[dict[str, Any]]], placement: dict[str, str], mapping: dict[str, str]
+) -> dict[str, list[dict[str, Any]]]:
+    """The transfer order with each entry's ``dst`` named by its local device."""
+    local: dict[str, list[dict[str, Any]]] = {}
+    for device, entries in order.items():
+        channel = []
+        for entry in entries:
+            if entry["dst"] not in mapping or entry["src"] not in placement:
+                raise InvalidInput(
+                    f"plan: transfer_order[{device!r}] names {entry['src']!r} -> "
+                    f"{entry['dst']!r}, which the placement does not know"
+                )
+            channel.append({**entry, "dst": mapping[entry["dst"]]})
+        local[device] = channel
+    return local
 
 
 # -------------------------------------------------------------------------- variables
@@ -383,7 +535,7 @@ def _fill_report(
     exact: dict[str, set[tuple[str, str]]] = {}
     inlined: dict[str, set[tuple[str, str]]] = {}
     lowered: dict[str, set[tuple[str, str]]] = {}
-    for graph in _step_graphs(metadata, traced):
+    for graph in _step_graphs(metadata, traced, placement):
         for node in graph.node:
             report.executed_nodes += 1
             exact.setdefault(node.name, set()).add((node.op, node.device))
@@ -424,22 +576,46 @@ def _same_kind(executed: str, traced: str | None) -> bool:
     return traced is None or executed == traced or executed.startswith("_")
 
 
-def _step_graphs(metadata: Any, traced: dict[str, str]) -> list[Any]:
-    """Partition graphs of the functions that hold ops traced under the plan."""
-    functions = [[graph] for graph in getattr(metadata, "partition_graphs", [])]
-    functions += [list(f.partition_graphs) for f in getattr(metadata, "function_graphs", [])]
+def _step_graphs(
+    metadata: Any, traced: dict[str, str], placement: dict[str, str]
+) -> list[Any]:
+    """Partition graphs of the functions that hold ops traced under the plan.
+
+    A function counts when it holds enough traced ops and, as traced, asks for this plan's
+    devices: TensorFlow may report again, while the block runs, a function traced earlier
+    (unplaced, or under a plan since replaced) that holds the same op names on other devices.
+    (Seen once steps traced with order enforcement had run; only the current function runs.)
+    """
+    functions = [(list(f.partition_graphs), f.pre_optimization_graph)
+                 for f in getattr(metadata, "function_graphs", [])]
+    if not functions:  # only then: the partitions listed at the top repeat the functions'
+        functions = [([graph], None) for graph in getattr(metadata, "partition_graphs", [])]
     need = min(10, len(traced))
     chosen: list[Any] = []
-    for partitions in functions:
+    for partitions, traced_graph in functions:
         hits = sum(
             1
             for graph in partitions
             for node in graph.node
             if node.name in traced or node.name.partition("/")[2] in traced
         )
-        if traced and hits >= need:
+        if traced and hits >= need and _requests_plan(traced_graph, placement):
             chosen.extend(partitions)
     return chosen
 
 
-__all__ = ["AppliedPlan", "PlacementReport", "apply_plan", "same_device"]
+def _requests_plan(graph: Any, placement: dict[str, str]) -> bool:
+    """Whether the planned ops of a function, as traced, request their planned devices.
+
+    A function traced without a plan requests none.
+    """
+    if graph is None:
+        return True
+    nodes = [*graph.node, *(n for f in graph.library.function for n in f.node_def)]
+    # Ops made under a variable's colocation (an optimizer's updates) ask for no device.
+    asked = [same_device(n.device, placement[n.name]) for n in nodes
+             if n.name in placement and n.device]
+    return bool(asked) and sum(asked) >= 0.9 * len(asked)
+
+
+__all__ = ["AppliedPlan", "PlacementReport", "apply_plan", "prepare_plan", "same_device"]
