@@ -97,7 +97,8 @@ class Device(BaseModel):
     kind: str = Field(default=DEFAULT_KIND, min_length=1, max_length=64)
     host: StrictBool = False
 
-    @field_validator("memory_bytes", mode="before")
+    # the JSON schema shows what a request may send: bytes or a size with a unit ("8GiB")
+    @field_validator("memory_bytes", mode="before", json_schema_input_type=int | str | None)
     @classmethod
     def _size(cls, value: Any) -> Any:
         return None if value is None else parse_size(value)
@@ -146,7 +147,10 @@ class Network(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     latency_us: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
-    bandwidth_gbps: float = Field(default=math.inf, ge=MIN_BANDWIDTH_GBPS)
+    # JSON has no infinity: the schema leaves the default out and says what absent means
+    bandwidth_gbps: float = Field(default=math.inf, ge=MIN_BANDWIDTH_GBPS,
+                                  description="GB/s; absent = infinite",
+                                  json_schema_extra=lambda schema: schema.pop("default", None))
     mode: Literal["sequential", "parallel"] = "sequential"
     links: list[Link] = Field(default_factory=list, max_length=MAX_LINKS)
 
@@ -191,7 +195,8 @@ class DeviceCount(BaseModel):
     kind: str = Field(default=DEFAULT_KIND, min_length=1, max_length=64)
     host: StrictBool = False
 
-    @field_validator("memory_bytes", mode="before")
+    # the JSON schema shows what a request may send: bytes or a size with a unit ("8GiB")
+    @field_validator("memory_bytes", mode="before", json_schema_input_type=int | str | None)
     @classmethod
     def _size(cls, value: Any) -> Any:
         return None if value is None else parse_size(value)
@@ -219,7 +224,8 @@ class Cluster(BaseModel):
     devices: list[Device] = Field(min_length=1, max_length=MAX_DEVICES)
     network: Network = Field(default_factory=Network)
 
-    @field_validator("devices", mode="before")
+    # the JSON schema shows both forms a request may send: a list, or the count shorthand
+    @field_validator("devices", mode="before", json_schema_input_type=list[Device] | DeviceCount)
     @classmethod
     def _shorthand(cls, value: Any) -> Any:
         if isinstance(value, dict):
