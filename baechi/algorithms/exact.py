@@ -88,6 +88,12 @@ MAX_SCALE = 10**6
 #: Largest scaled horizon: CP-SAT's integers are int64; stay far below.
 MAX_HORIZON = 2**40
 
+#: Largest capacity × horizon of a memory cumulative. CP-SAT's energy reasoning multiplies
+#: demands by durations in int64: with 1.96 GB budgets and a 4.8e11-tick horizon (ResNet-50
+#: operator graph at 50% memory, time scale 10^6) it overflowed and CP-SAT aborted the whole
+#: process ("Check failed: threshold > 0"). Bytes are counted in coarser units above it.
+MAX_MEMORY_ENERGY = 2**56
+
 #: CP-SAT worker threads (this project's machines have 2 cores).
 WORKERS = 2
 
@@ -232,6 +238,20 @@ def _finish(plan: Assignment, run: Simulation, stats: dict[str, Any],
     return Assignment(plan.device_of, plan.orders, stats)
 
 
+
+def _memory_unit(capacity: int, horizon: int) -> int:
+    """Bytes per unit of a memory cumulative, so that capacity × horizon (in units) stays
+    within :data:`MAX_MEMORY_ENERGY`.
+
+    Examples
+    --------
+    >>> _memory_unit(2**20, 2**20)
+    1
+    >>> _memory_unit(1_961_824_160, 480_917_259_562) > 1
+    True
+    """
+    return max(1, -(-capacity * horizon // MAX_MEMORY_ENERGY))
+
 class _Model:
     """The CP-SAT model of one problem (see the module docstring) and how to read its plan."""
 
@@ -372,7 +392,14 @@ class _Model:
                         self.start[v], sizes[d], life, on[unit_of[v], d], f"o{v}d{d}"))
                     demands.append(graph.output_bytes[v])
             if intervals:
-                model.AddCumulative(intervals, demands, int(budget))
+                unit = _memory_unit(int(budget), self.horizon)
+                # floor both sides: a relaxation, so the proved bound still holds for every
+                # plan; whether a plan fits is the simulator's verdict
+                kept = [(i, b // unit) for i, b in zip(intervals, demands, strict=True)
+                        if b // unit]
+                if kept:
+                    model.AddCumulative([i for i, _ in kept], [b for _, b in kept],
+                                        int(budget) // unit)
 
     def _channels(self, messages: list[Message], allowed: list[list[int]],
                   n_dev: int) -> None:
