@@ -22,9 +22,9 @@ from baechi.algorithms.base import Problem  # noqa: E402
 from baechi.grouping import colocation_units  # noqa: E402
 
 SETTINGS = {
-    "GLOP primal": ("GLOP", "use_dual_simplex: false"),
-    "GLOP dual simplex": ("GLOP", "use_dual_simplex: true"),
-    "PDLP": ("PDLP", ""),
+    "GLOP primal": ("GLOP", "primal"),
+    "GLOP dual simplex": ("GLOP", "dual"),
+    "PDLP": ("PDLP", None),
 }
 
 
@@ -41,7 +41,7 @@ def main() -> None:
             return create(solver_name)
 
         pywraplp.Solver.CreateSolver = make  # type: ignore[method-assign]
-        sct.GLOP_PARAMETERS = parameters
+        sct.LP_ALGORITHM = parameters
         tick = time.perf_counter()
         _, stats = sct.favourite_children(problem)
         print(f"{label:18} {time.perf_counter() - tick:6.2f} s total, "

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import DATA, SHARED, needs_shared
+from conftest import DATA, ROOT, SHARED, needs_shared
 from helpers import edge, graph_doc, op
 
 from baechi import Cluster, load_graph, place
@@ -83,3 +85,49 @@ def test_stg_within_a_few_percent_of_the_optimum(algorithm, path, count, optimum
 @needs_shared
 def test_all_stg_graphs_are_used() -> None:
     assert len(_stg_cases()) == 80
+
+
+@pytest.mark.tf
+def test_m_sct_runs_in_a_process_that_imported_tensorflow_first() -> None:
+    """A training script imports TensorFlow, then places in-process: GLOP's text-format
+    parameters parsed a protobuf and segfaulted there (TensorFlow's protobuf runtime); the
+    LP now takes generic solver parameters. In a child, so a crash fails this test only."""
+    pytest.importorskip("tensorflow")
+    code = ("import tensorflow\n"
+            "import baechi\n"
+            f"plan = baechi.place({str(ROOT / 'examples/graphs/gnmt_baechi.json')!r}, {{'devices': {{'count': 4}}}}, 'm-sct')\n"
+            "print('step', plan.estimate.step_time_us)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("step")
+
+
+@pytest.mark.tf
+def test_place_after_tensorflow_ran_a_step() -> None:
+    """Once TensorFlow has run, CP-SAT's solve segfaults in the same process (their native
+    runtimes clash): ``place`` then runs in a fresh interpreter and returns the same plan, or
+    raises the same error."""
+    pytest.importorskip("tensorflow")
+    code = """
+import tensorflow as tf
+import baechi
+from baechi.errors import InfeasiblePlacement
+tf.reduce_sum(tf.ones((4, 4))).numpy()
+ops = [{"name": f"o{i}", "compute_us": 10 + i, "output_bytes": 1000} for i in range(12)]
+edges = [{"src": f"o{i}", "dst": f"o{j}", "bytes": 1000}
+         for i in range(12) for j in (i + 1, i + 4) if j < 12]
+doc = {"format": "baechi.graph/v1", "ops": ops, "edges": edges}
+cluster = {"devices": {"count": 3}, "network": {"latency_us": 1, "bandwidth_gbps": 10}}
+plan = baechi.place(doc, cluster, "exact", {"time_limit_s": 5})
+assert plan.stats.optimal is not None
+try:
+    baechi.place(doc, {"devices": {"count": 2, "memory_bytes": 10}}, "m-etf")
+except InfeasiblePlacement as error:
+    assert error.details, error
+    print("step", plan.estimate.step_time_us)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("step")

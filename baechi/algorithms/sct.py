@@ -26,8 +26,11 @@ from typing import Any
 from baechi.algorithms.base import Assignment, Problem
 from baechi.algorithms.etf import ListScheduler, place_etf
 
-#: GLOP settings; the dual simplex is 5x faster than the primal on these LPs.
-GLOP_PARAMETERS = "use_dual_simplex: true"
+#: GLOP's algorithm ("dual" or "primal" simplex; ``None``: the solver's default, for
+#: bench/lp_solvers.py's PDLP row). Measured on gnmt_baechi: dual simplex 0.3 s, primal
+#: 1.5 s, PDLP 31 s.
+LP_ALGORITHM: str | None = "dual"
+
 
 #: x at or below this is rounded to "favourite".
 FAVOURITE_THRESHOLD = 0.5
@@ -81,8 +84,12 @@ def favourite_children(problem: Problem) -> tuple[list[int], dict[str, Any]]:
     src, dst, cost = op_pairs(problem)
     tick = time.perf_counter()
     solver = pywraplp.Solver.CreateSolver("GLOP")
-    # measured on gnmt_baechi: dual simplex 0.3 s, primal 1.5 s, PDLP 31 s
-    solver.SetSolverSpecificParametersAsString(GLOP_PARAMETERS)
+    # Generic parameters, not GLOP's text format: parsing that protobuf text segfaults in a
+    # process that imported TensorFlow first (their protobuf runtimes clash).
+    parameters = pywraplp.MPSolverParameters()
+    if LP_ALGORITHM is not None:
+        parameters.SetIntegerParam(parameters.LP_ALGORITHM, {
+            "dual": parameters.DUAL, "primal": parameters.PRIMAL}[LP_ALGORITHM])
     inf = solver.infinity()
     start = [solver.NumVar(0, inf, "") for _ in range(n)]
     x = [solver.NumVar(0, 1, "") for _ in range(len(src))]
@@ -114,11 +121,11 @@ def favourite_children(problem: Problem) -> tuple[list[int], dict[str, Any]]:
     if remaining <= 0:
         raise TimeoutError(f"building the LP took {built - tick:.3g} s, the whole time limit")
     solver.SetTimeLimit(max(1, int(remaining * 1000)))
-    status = solver.Solve()
+    status = solver.Solve(parameters)
     if status == pywraplp.Solver.ABNORMAL:
         # GLOP's presolve gives up on some LPs (gnmt_baechi after fusion); without it they solve
-        solver.SetSolverSpecificParametersAsString(GLOP_PARAMETERS + ", use_preprocessing: false")
-        status = solver.Solve()
+        parameters.SetIntegerParam(parameters.PRESOLVE, parameters.PRESOLVE_OFF)
+        status = solver.Solve(parameters)
     solved = time.perf_counter()
     if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
         raise TimeoutError(f"GLOP status {status} after {solved - built:.1f} s")
