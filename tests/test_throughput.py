@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from baechi import Cluster, InvalidRequest, load_graph, place
 from baechi.algorithms import Problem
-from baechi.algorithms.throughput import place_contiguous, place_split
+from baechi.algorithms.throughput import _linear_split, place_contiguous, place_split
 from baechi.grouping import colocation_units
 from baechi.importers import import_graph
 from baechi.throughput import is_backward, throughput
@@ -190,6 +190,32 @@ def test_placers_are_optimal_against_brute_force(case: tuple[Any, Cluster]) -> N
         assert assignment.stats["optimal"]
         if contiguous:
             assert _contiguous(graph, assignment.device_of, n_dev)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 60), st.integers(0, 9)),
+                min_size=1, max_size=7))
+def test_warm_start_dp_is_the_contiguous_optimum_on_chains(
+        layers: list[tuple[int, int, int]]) -> None:
+    """On a chain every contiguous split is a cut of the one order, host stages included
+    (a host pays no transfer time, so cheap ops may go to it first, last or between): the DP
+    alone must find the brute-force optimum, as Tarnawski et al.'s does."""
+    ops = [{"name": f"o{i}", "compute_us": gpu, "compute_us_by_kind": {"cpu": cpu}}
+           for i, (gpu, cpu, _) in enumerate(layers)]
+    edges = [{"src": f"o{i}", "dst": f"o{i + 1}", "bytes": 0, "transfer_us": send}
+             for i, (_, _, send) in enumerate(layers[:-1])]
+    graph = _graph(ops, edges)
+    problem = Problem.of(graph, HETERO, colocation_units(graph, HETERO))
+    allowed = [list(problem.devices_for(u)) for u in range(len(problem.units))]
+    best = min(
+        throughput(graph, HETERO, list(device_of)).time_per_sample_us
+        for device_of in itertools.product(range(3), repeat=len(graph))
+        if _contiguous(graph, list(device_of), 3))
+    split = _linear_split(problem, allowed)
+    assert split is not None
+    device_of = [split[problem.units.unit_of[op]] for op in range(len(graph))]
+    assert _contiguous(graph, device_of, 3)
+    assert throughput(graph, HETERO, device_of).time_per_sample_us == pytest.approx(best)
 
 
 def test_objective_in_the_plan(tmp_path: Path) -> None:

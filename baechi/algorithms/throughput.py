@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 from baechi.algorithms.base import Assignment, Problem
+from baechi.cluster import Cluster
 from baechi.errors import InfeasiblePlacement
 from baechi.throughput import is_backward, kept_activation_bytes, tensors, throughput
 
@@ -252,27 +253,51 @@ def _segment_starts(
 
 def _linear_split(problem: Problem, allowed: list[list[int]]) -> list[int] | None:
     """A contiguous first guess by a DP over topological cuts (PipeDream's linear split): the
-    units, in each order of :func:`_unit_orders`, cut into one segment per non-host device
-    (cluster order), minimising the largest segment load (compute on its device plus the
-    tensors it sends and receives, as in the CP-SAT model); the better cut wins. Every
+    units, in each order of :func:`_unit_orders`, cut into one segment per device along each
+    sequence of :func:`_stage_sequences`, minimising the largest segment load (compute on its
+    device plus, unless a host, the tensors it sends and receives, as in the CP-SAT model);
+    the best cut wins. Every
     segment's communication comes from 2-D difference arrays (O(n² + tensors)); the DP is
     vectorised. ``None`` when no cut respects the kinds and memory."""
     best: tuple[float, list[int]] | None = None
     for order, starts in _unit_orders(problem):
-        found = _cut(problem, allowed, order, starts)
-        if found is not None and (best is None or found[0] < best[0]):
-            best = found
+        for stages in _stage_sequences(problem.cluster):
+            found = _cut(problem, allowed, order, starts, stages)
+            if found is not None and (best is None or found[0] < best[0]):
+                best = found
     return best[1] if best is not None else None
 
 
+def _stage_sequences(cluster: Cluster) -> list[list[int]]:
+    """The device sequences a linear order is cut along: the accelerators in cluster order,
+    and the host devices (which pay no transfer time, so cheap ops and those that run only
+    there go to them) inserted together at each position of that sequence.
+
+    Examples
+    --------
+    >>> c = Cluster.parse({"devices": [{"name": "a"}, {"name": "b"},
+    ...                                {"name": "h", "kind": "cpu", "host": True}]})
+    >>> _stage_sequences(c)
+    [[0, 1], [2, 0, 1], [0, 2, 1], [0, 1, 2]]
+    """
+    accelerators = [d for d, dev in enumerate(cluster.devices) if not dev.host]
+    hosts = [d for d, dev in enumerate(cluster.devices) if dev.host]
+    sequences = [accelerators]
+    if hosts:
+        sequences += [accelerators[:i] + hosts + accelerators[i:]
+                      for i in range(len(accelerators) + 1)]
+    return sequences
+
+
 def _cut(
-    problem: Problem, allowed: list[list[int]], order: list[int], starts: list[bool]
+    problem: Problem, allowed: list[list[int]], order: list[int], starts: list[bool],
+    devices: list[int],
 ) -> tuple[float, list[int]] | None:
-    """The best cut of ``order`` (see :func:`_linear_split`): (largest load, unit devices)."""
+    """The best cut of ``order`` into segments on ``devices`` in that sequence (each may take
+    none; see :func:`_linear_split`): (largest load, unit devices)."""
     import numpy as np
 
     graph, units, cost, cluster = problem.graph, problem.units, problem.cost, problem.cluster
-    devices = [d for d, dev in enumerate(cluster.devices) if not dev.host]
     if not devices:
         return None
     n = len(order)
@@ -320,7 +345,9 @@ def _cut(
         runs = np.array([d in allowed[u] for u in order])
         compute = np.concatenate([[0.0], np.cumsum(np.where(runs, us, 0.0))])
         blocked = np.concatenate([[0], np.cumsum(~runs)])
-        load = compute[None, 1:] - compute[:-1, None] + comm  # load[i][j] of units i..j
+        load = compute[None, 1:] - compute[:-1, None]  # load[i][j] of units i..j
+        if not cluster.devices[d].host:  # a host pays no transfer time
+            load = load + comm
         bad = (blocked[None, 1:] - blocked[:-1, None]) > 0
         cuts = np.array(starts)
         bad |= ~(cuts[:-1, None] & cuts[None, 1:])  # segment i..j: starts at i, next at j+1
