@@ -147,8 +147,10 @@ def test_small_plan_hooks_and_self_contained() -> None:
     sim = baechi.simulate_plan(small_graph(), small_plan())
     assert attrs["data-transfers"] == len(sim.transfers) == 3
     assert attrs["data-transfer-bars"] == 6  # sequential: each transfer in both channels
-    # nothing is fetched: no external scripts, styles, images or imports
-    assert not re.search(r"<(script|link|img|iframe)[^>]*\s(src|href)=", page)
+    # nothing is fetched: no external scripts, styles, images or imports; the one link is the
+    # inline (data:) icon that keeps browsers off /favicon.ico
+    assert not re.search(r"<(script|link|img|iframe)[^>]*\s(src|href)=(?!\"data:)", page)
+    assert '<link rel="icon" href="data:,">' in page
     assert "@import" not in page
     assert 'id="report-status" data-ready="0"' in page
     assert "Plotly.newPlot" in page and len(page) > 3_000_000  # plotly.js is inlined
