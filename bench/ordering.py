@@ -3,7 +3,7 @@ shared graphs, both orders of the same placement, and what the post-pass costs.
 
 Writes bench/fragments/ordering.md (a section of BENCHMARKS.md, see bench/run.py --from-csv).
 
-    python bench/ordering.py [--shared /work/shared] [--quick]
+    python bench/ordering.py [--shared ../shared] [--quick]
 
 Each plan is placed once with the default ``options.transfer_order`` ("model-aware"); its
 ``stats.fifo_step_time_us`` is the same placement's step time with FIFO channels (DESIGN §4),
@@ -206,7 +206,7 @@ def _median(values: list[float]) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shared", type=Path, default=Path("/work/shared"))
+    parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared")
     parser.add_argument("--quick", action="store_true", help="every fourth graph")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "fragments" /
                         "ordering.md")
