@@ -13,31 +13,20 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import TF_DEVICES
 
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 pytestmark = pytest.mark.tf
 
-DEVICES = 4
+DEVICES = TF_DEVICES
 MODELS = ["cnn", "lstm", "resnet50"]
 #: Ops whose time TF does not measure on its own (inputs, variables, constants, no-ops).
 NOT_COMPUTE = {"Placeholder", "NoOp", "VarHandleOp", "Const"}
 
 
 # ---------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module")
-def tf() -> Any:
-    tf = pytest.importorskip("tensorflow")
-    from baechi.client.devices import split_cpu
-
-    try:
-        split_cpu(DEVICES)
-    except RuntimeError as exc:
-        pytest.skip(f"cannot split the CPU into {DEVICES} devices here: {exc}")
-    return tf
-
-
 class Profiled:
     """A bundled example, its profile, and the state to restore before each run."""
 
