@@ -99,3 +99,26 @@ def test_one_engine_module_does_not_load_every_placer() -> None:
             "import baechi\n"
             "assert baechi.place.__module__ == 'baechi.api'\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def _imported_modules(folder: Path) -> set[str]:
+    """Every module a folder's Python files import (absolute imports, at any depth)."""
+    import ast
+
+    found: set[str] = set()
+    for path in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module)
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+@pytest.mark.parametrize(("folder", "other"), [("service", "worker"), ("worker", "service")])
+def test_service_and_worker_share_only_the_job_contract(folder: str, other: str) -> None:
+    """Issue 12, item 6: both import ``baechi.jobs``, neither imports the other."""
+    imported = _imported_modules(ROOT / folder)
+    assert not {m for m in imported if m.split(".")[:2] == ["baechi", other]}
+    assert any(m.startswith("baechi.jobs") for m in imported)
