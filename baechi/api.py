@@ -161,11 +161,20 @@ def _order_transfers(request: Request, result: _Result) -> _Result:
     replays strictly faster than FIFO and fits memory (``options.transfer_order``), within the
     request's deadline. Adds the ``order`` phase and the ``transfer_order`` stats fields."""
     tick = time.perf_counter()
+    run = result.run
+    # the placer's own channel order fits its own plan only
+    proposed = run.transfer_order if result.simulation is run.simulation else None
     outcome = order_transfers(request.cost, result.simulation, request.end,
-                              request.options.transfer_order)
+                              request.options.transfer_order, proposed)
     fields = {**result.fields, "transfer_order": outcome.kept,
               "fifo_step_time_us": outcome.fifo_step_time_us,
               "transfer_order_note": outcome.note}
+    bound_us = result.fields.get("bound_us", run.algorithm_stats.get("bound_us"))
+    if bound_us is not None and "optimal" in {**run.algorithm_stats, **result.fields}:
+        # proven optimal is a fact of the plan returned: its replay meets the proven bound
+        estimate = outcome.simulation.estimate
+        fields["optimal"] = estimate.memory_ok and \
+            estimate.step_time_us <= bound_us * (1 + OPTIMAL_TOLERANCE)
     seconds = add_seconds(result.seconds, {"order": time.perf_counter() - tick})
     return dataclasses.replace(result, simulation=outcome.simulation, seconds=seconds,
                                fields=fields)
@@ -183,9 +192,7 @@ def _reorder_others(request: Request, outcome: Outcome, result: _Result) -> _Res
             result, run=run, simulation=simulation))
         step = other.simulation.estimate.step_time_us
         if step < result.simulation.estimate.step_time_us:
-            fields = {**other.fields, "chosen": chosen,
-                      "optimal": step <= outcome.bound_us * (1 + OPTIMAL_TOLERANCE)}
-            result = dataclasses.replace(other, fields=fields)
+            result = dataclasses.replace(other, fields={**other.fields, "chosen": chosen})
         else:  # keep the plan, count the time
             result = dataclasses.replace(result, seconds=other.seconds)
     return result

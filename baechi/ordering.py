@@ -109,6 +109,7 @@ class OrderOutcome:
 def order_transfers(
     cost: CostModel, simulation: Simulation, deadline: float,
     mode: Literal["fifo", "model-aware"] = "model-aware",
+    proposed: list[list[TransferKey]] | None = None,
 ) -> OrderOutcome:
     """The plan of ``simulation`` (a FIFO replay) with the fastest transfer order found.
 
@@ -122,6 +123,9 @@ def order_transfers(
         A :func:`time.perf_counter` value: no replay starts after it.
     mode : {"model-aware", "fifo"}
         ``"fifo"`` keeps FIFO without trying anything.
+    proposed : list of lists of message keys, optional
+        A channel order for the same plan that the placer scheduled with (``exact``'s
+        solution), tried first; kept like any candidate, only when strictly faster.
 
     Returns
     -------
@@ -140,7 +144,7 @@ def order_transfers(
         return OrderOutcome(simulation, "fifo", fifo_us,
                             "the deadline passed before transfers could be ordered")
     search = _Search(cost, simulation, deadline)
-    search.run()
+    search.run(proposed)
     kept: Kept = "fifo" if search.best is simulation else "model-aware"
     return OrderOutcome(search.best, kept, fifo_us, search.note, search.tried)
 
@@ -163,8 +167,10 @@ class _Search:
         #: consumers of each message (ops only: the graph has no channel edges)
         self.consumers = [successors[n + j] for j in range(len(keys))]
 
-    def run(self) -> None:
+    def run(self, proposed: list[list[TransferKey]] | None = None) -> None:
         fifo = self.fifo
+        if proposed is not None and not self._try("placer", lambda: proposed):
+            return
         index = _booking_index(fifo)
         bottom = self._bottom_levels(fifo)
         step = fifo.estimate.step_time_us

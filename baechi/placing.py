@@ -26,7 +26,7 @@ from baechi.graph import Graph
 from baechi.grouping import Units, colocation_units
 from baechi.options import Options
 from baechi.pipeline import Reduction, reduce_graph
-from baechi.simulate import Simulation, replay
+from baechi.simulate import Simulation, TransferKey, replay
 
 #: How many times the placer is re-run with tighter budgets after a plan overshoots memory.
 MEMORY_RETRIES = 4
@@ -114,6 +114,15 @@ class Run:
     def step_time_us(self) -> float | None:
         """The plan's replayed step time, ``None`` without a plan."""
         return None if self.simulation is None else self.simulation.estimate.step_time_us
+
+    @property
+    def transfer_order(self) -> list[list[TransferKey]] | None:
+        """The channel order the placer scheduled in (``Assignment.transfer_order``), when it
+        placed the request's own ops: a fused graph's messages are not the request's."""
+        if self.assignment is None or self.reduction is None or \
+                self.reduction.members is not None:
+            return None
+        return self.assignment.transfer_order
 
 
 def add_seconds(total: dict[str, float], more: dict[str, float]) -> dict[str, float]:

@@ -69,11 +69,18 @@ class Problem:
 
 @dataclass
 class Assignment:
-    """A device per op and the order of ops on each device (op and device indices)."""
+    """A device per op and the order of ops on each device (op and device indices).
+
+    ``transfer_order`` (optional): the channel order the placer scheduled its messages in,
+    per device the message keys of :meth:`~baechi.costmodel.CostModel.transfer_key` in
+    booking order (:func:`baechi.simulate.replay`'s ``transfer_order``). The transfer-order
+    post-pass tries it first; it is dropped when the placer saw a reduced graph.
+    """
 
     device_of: list[int]
     orders: list[list[int]]
     stats: dict[str, Any] = field(default_factory=dict)
+    transfer_order: list[list[tuple[Any, ...]]] | None = None
 
 
 Algorithm = Callable[[Problem], Assignment]

@@ -23,8 +23,14 @@ objective, and an OPTIMAL status is the best step time of any plan. In sequentia
 simulator books channels first come, first served, which the solver's channel order may not
 follow, and under memory limits the model leaves out received copies and the replay may
 start ops earlier than the solution (allocating earlier): there the plan's step time and peak
-are its replay. In every mode ``stats.optimal`` is claimed only when the returned plan fits
-memory and its replay meets the proven bound, so it is never claimed falsely. Times are
+are its replay. In sequential mode the plan also carries the solution's channel order
+(``Assignment.transfer_order``: each channel's messages by their start in the solution), and
+the replay books the channels in that order when that is faster than first come, first
+served: replayed so, every op and message starts no later than in the solution, so the
+replay meets the solver's objective wherever the channel model holds (every message takes
+time, and each costs what its edges cost). In every mode ``stats.optimal`` is claimed only
+when the returned plan fits memory and its replay meets the proven bound, so it is never
+claimed falsely. Times are
 integers: µs times ``scale`` (the smallest power of ten, up to 10**6, that makes every time
 whole; else rounded, and then the bound is lowered by the largest relative rounding error).
 
@@ -59,8 +65,8 @@ from ortools.sat.python import cp_model
 from baechi.algorithms.base import Assignment, Problem, Progress
 from baechi.algorithms.etf import place_etf
 from baechi.costmodel import CostModel
-from baechi.errors import InfeasiblePlacement
-from baechi.simulate import Simulation, replay
+from baechi.errors import InfeasiblePlacement, InvalidPlan
+from baechi.simulate import Simulation, TransferKey, replay
 
 #: Largest graph (ops, after any reduction) that ``exact`` models: CP-SAT proved most of the
 #: STG graphs (50–100 ops, 4 devices) optimal within seconds; beyond a few hundred ops the
@@ -99,6 +105,18 @@ WORKERS = 2
 
 #: Relative differences below this are float noise (the simulator adds floats too).
 FLOAT_SLACK = 1e-9
+
+
+@dataclass
+class _Solution:
+    """What the model's plan is read from: device per op, per-device op orders, and in
+    model ticks each channel interval's start (by message index and destination device) and
+    each op's end."""
+
+    device_of: list[int]
+    orders: list[list[int]]
+    sends: dict[tuple[int, int], int]
+    end: list[int]
 
 
 @dataclass
@@ -188,17 +206,17 @@ def place_exact(problem: Problem) -> Assignment:
         return _finish(hint, hint_run, stats, "the solver found no plan: the hint's")
     # the last solution is the model's best; in sequential mode or under memory limits the
     # simulator may rank the solutions differently, so replay the last few and keep the best
-    device_of, orders = built.plan(solver)
-    run = replay(graph, cluster, device_of, orders, cost)
+    solution = built.plan(solver)
+    plan, run = built.replay(solution)
     stats["model_step_us"] = solver.ObjectiveValue() / scale
     if not stats["model_exact"]:
-        for other_device_of, other_orders in collector.plans[-REPLAYED_SOLUTIONS:]:
-            other = replay(graph, cluster, other_device_of, other_orders, cost)
+        for other_solution in collector.plans[-REPLAYED_SOLUTIONS:]:
+            other_plan, other = built.replay(other_solution)
             if _better(other, run):
-                device_of, orders, run = other_device_of, other_orders, other
+                plan, run = other_plan, other
     if hint is not None and hint_run is not None and _better(hint_run, run):
         return _finish(hint, hint_run, stats, "the hint plan replays faster than the solver's")
-    return _finish(Assignment(device_of, orders), run, stats, None)
+    return _finish(plan, run, stats, None)
 
 
 class _Collector(cp_model.CpSolverSolutionCallback):
@@ -211,7 +229,7 @@ class _Collector(cp_model.CpSolverSolutionCallback):
         self.progress = progress
         self.limit_s = limit_s
         self.reported = 0.0
-        self.plans: list[tuple[list[int], list[list[int]]]] = []
+        self.plans: list[_Solution] = []
 
     def on_solution_callback(self) -> None:
         self.plans.append(self.built.plan(self))
@@ -235,7 +253,7 @@ def _finish(plan: Assignment, run: Simulation, stats: dict[str, Any],
     stats["optimal"] = run.estimate.memory_ok and step <= stats["bound_us"] * (1 + FLOAT_SLACK)
     if note:
         stats["note"] = note
-    return Assignment(plan.device_of, plan.orders, stats)
+    return Assignment(plan.device_of, plan.orders, stats, plan.transfer_order)
 
 
 
@@ -485,8 +503,9 @@ class _Model:
         for (i, a, dd), var in self.sent.items():
             model.AddHint(var, sent_at.get((i, dd), (-1, 0.0))[0] == a)
 
-    def plan(self, solver: Any) -> tuple[list[int], list[list[int]]]:
-        """The solution's device per op and each device's order (by start, end, topology)."""
+    def plan(self, solver: Any) -> _Solution:
+        """The solution's device per op, each device's order (by start, end, topology), and
+        the times its channel model gives."""
         problem = self.problem
         n = len(problem.graph)
         device_of = [-1] * n
@@ -495,11 +514,51 @@ class _Model:
                 for v in problem.units.members[u]:
                     device_of[v] = d
         position = problem.graph.topo_position
+        end = [solver.Value(e) for e in self.end]
+        start = [solver.Value(s) for s in self.start]
         orders: list[list[int]] = [[] for _ in problem.cluster.devices]
-        for v in sorted(range(n), key=lambda v: (solver.Value(self.start[v]),
-                                                 solver.Value(self.end[v]), position[v])):
+        for v in sorted(range(n), key=lambda v: (start[v], end[v], position[v])):
             orders[device_of[v]].append(v)
-        return device_of, orders
+        sends = {key: solver.Value(var) for key, var in self.sends.items()} if self.channels \
+            else {}
+        return _Solution(device_of, orders, sends, end)
+
+    def replay(self, solution: _Solution) -> tuple[Assignment, Simulation]:
+        """The solution as a plan and its replay: with the solution's channel order when the
+        channels are modelled and that replays faster, else first come, first served."""
+        problem, cost = self.problem, self.problem.cost
+        graph, cluster = problem.graph, problem.cluster
+        fifo = replay(graph, cluster, solution.device_of, solution.orders, cost)
+        plan = Assignment(solution.device_of, solution.orders)
+        if not self.channels or len(fifo.transfers) < 2:
+            return plan, fifo
+        order = self._channel_order(solution, fifo)
+        try:
+            ordered = replay(graph, cluster, solution.device_of, solution.orders, cost, order)
+        except InvalidPlan:  # ties among messages that take no time can deadlock
+            return plan, fifo
+        if _better(ordered, fifo):
+            return Assignment(solution.device_of, solution.orders,
+                              transfer_order=order), ordered
+        return plan, fifo
+
+    def _channel_order(self, solution: _Solution, fifo: Simulation) -> list[list[TransferKey]]:
+        """Each channel's messages (those of the plan's replay ``fifo``) by their start in the
+        solution; a message off the channel model (it takes no time) by its producer's end;
+        ties in FIFO's booking order."""
+        index = {m.key: i for i, m in enumerate(self.messages)}
+        keys = fifo.transfers.key
+        when = []
+        for key in keys:
+            i = index.get((key[0], *key[2:]))
+            send = solution.sends.get((i, key[1])) if i is not None else None
+            when.append(solution.end[key[0]] if send is None else send)
+        lists: list[list[TransferKey]] = [[] for _ in self.problem.cluster.devices]
+        t = fifo.transfers
+        for j in sorted(range(len(keys)), key=lambda j: (when[j], j)):
+            lists[t.src_device[j]].append(keys[j])
+            lists[t.dst_device[j]].append(keys[j])
+        return lists
 
 
 def _etf_hint(problem: Problem) -> Assignment | None:
