@@ -229,8 +229,10 @@ def place_auto(request: Request) -> Outcome:
             if simulation is not best.simulation:
                 chosen = chosen.model_copy(update={"local_search": True})
             deadline_reached = deadline_reached or request.expired()
+    # the best run itself too when the search replaced its plan (its own channel order,
+    # exact's, may still beat the searched plan once both are ordered)
     others = [(run, run.simulation, Chosen(algorithm=run.algorithm, pipeline=run.pipeline))
-              for run in runs if run.simulation is not None and run is not best]
+              for run in runs if run.simulation is not None and run.simulation is not simulation]
     return Outcome(best, simulation, candidates, chosen, seconds, deadline_reached, bound_us,
                    others)
 

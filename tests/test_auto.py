@@ -198,3 +198,21 @@ def test_ten_thousand_ops_under_tight_memory_answer() -> None:
     assert _fifo_us(plan) <= _fifo_us(etf)  # candidates compete under FIFO channels
     assert plan.estimate.step_time_us <= _fifo_us(plan)
     assert simulate(doc, plan) == plan.estimate
+
+
+@pytest.mark.parametrize("name", ["layered_s0_n10_ccr0.5_d2", "fork_join_s0_n20_ccr1_d4"])
+def test_auto_keeps_the_solvers_channel_order_and_its_proof(name: str) -> None:
+    """Sequential mode: exact's plan is optimal only in its own channel order (FIFO replays
+    it slower); auto, which compares candidates under FIFO, still returns it, proved."""
+    from baechi.testing import small_cases
+
+    case = next(c for c in small_cases(seeds=1, ops=(10, 20), mode="sequential")
+                if c.name == name)
+    exact = place(case.graph, case.cluster, "exact",
+                  {"allow_single": False, "co_placement": False, "fusion": False,
+                   "time_limit_s": 10})
+    assert exact.stats.optimal and exact.transfer_order is not None
+    plan = place(case.graph, case.cluster, options={"time_limit_s": 10})
+    assert plan.stats.optimal is True
+    assert plan.estimate.step_time_us == exact.estimate.step_time_us
+    assert simulate(case.graph, plan).step_time_us == plan.estimate.step_time_us
