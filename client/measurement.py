@@ -168,7 +168,7 @@ def measure(
     PlanMismatch
         The plan does not fit this model or these devices.
     """
-    from baechi.client.pinning import read_plan
+    from baechi.client.pinning import plan_document, read_plan
     from baechi.client.train_step import prepare, resolve_optimizer
 
     if steps < 1 or warmup < 0:
@@ -181,7 +181,7 @@ def measure(
     optimizer = resolve_optimizer(optimizer)
     prepare(model, optimizer, x)
     if isinstance(plan, (str, bytes, Path)):
-        plan = _read_plan_document(plan)
+        plan = plan_document(plan)
     read_plan(plan)  # bad plans fail here, before any tracing
     predicted = _predicted_step_us(plan)
 
@@ -199,25 +199,6 @@ def _predicted_step_us(plan: Any) -> float | None:
     if isinstance(estimate, dict):
         return estimate.get("step_time_us")
     return getattr(estimate, "step_time_us", None)
-
-
-def _read_plan_document(plan: Any) -> dict[str, Any]:
-    """A plan given as JSON text or a path, as a dict."""
-    import orjson
-
-    text = plan
-    if isinstance(plan, Path) or not str(plan).lstrip().startswith("{"):
-        try:
-            text = Path(plan).read_bytes()
-        except OSError as exc:
-            raise InvalidInput(f"{plan}: cannot read plan: {exc.strerror}") from None
-    try:
-        document = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"plan: not valid JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise InvalidInput("plan: expected a baechi.plan/v1 document")
-    return document
 
 
 def _run(

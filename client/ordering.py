@@ -31,6 +31,7 @@ op of the plan, and that op is ordered.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -381,29 +382,31 @@ def enforce(
         for channel in transfer_order.values():
             chain = [identities[_transfer_key(e)] for e in channel
                      if _transfer_key(e) in identities]
-            for before, after in itertools.pairwise(chain):
-                outcome = guard.add(before, after)
-                if outcome == "added":
-                    report.transfer_edges += 1
-                elif outcome == "cycle":
-                    report.transfer_edges_skipped += 1
-                    _note(report, before, after)
+            outcomes = _add_chain(guard, chain, report)
+            report.transfer_edges += outcomes["added"]
+            report.transfer_edges_skipped += outcomes["cycle"]
     for names in order.values():
         chain = [ops[name] for name in names if name in ops and name not in folded]
         report.ops_ordered += len(chain)
         report.ops_absent += sum(1 for name in names if name not in ops)
-        for before, after in itertools.pairwise(chain):
-            outcome = guard.add(before, after)
-            if outcome == "added":
-                report.order_edges += 1
-            elif outcome == "present":
-                report.order_edges_present += 1
-            elif outcome == "merged":
-                report.order_edges_merged += 1
-            else:
-                report.order_edges_skipped += 1
-                _note(report, before, after)
+        outcomes = _add_chain(guard, chain, report)
+        report.order_edges += outcomes["added"]
+        report.order_edges_present += outcomes["present"]
+        report.order_edges_merged += outcomes["merged"]
+        report.order_edges_skipped += outcomes["cycle"]
     return report
+
+
+def _add_chain(guard: _CycleGuard, chain: Sequence[Any], report: Enforcement) -> Counter[str]:
+    """Control edges between consecutive ops of ``chain``; how many had each outcome of
+    :meth:`_CycleGuard.add` (the edges skipped as cycles are noted in ``report``)."""
+    outcomes: Counter[str] = Counter()
+    for before, after in itertools.pairwise(chain):
+        outcome = guard.add(before, after)
+        outcomes[outcome] += 1
+        if outcome == "cycle":
+            _note(report, before, after)
+    return outcomes
 
 
 def _note(report: Enforcement, before: Any, after: Any) -> None:

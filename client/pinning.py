@@ -343,16 +343,8 @@ def read_plan(plan: Any) -> ReadPlan:
             transfer_order = {device: [entry.model_dump() for entry in entries]
                               for device, entries in transfer_order.items()}
     else:
-        if isinstance(plan, (str, Path)) and not str(plan).lstrip().startswith("{"):
-            try:
-                plan = Path(plan).read_bytes()
-            except OSError as exc:
-                raise InvalidInput(f"{plan}: cannot read plan: {exc.strerror}") from None
-        if isinstance(plan, (str, bytes)):
-            try:
-                plan = orjson.loads(plan)
-            except orjson.JSONDecodeError as exc:
-                raise InvalidInput(f"plan: not valid JSON: {exc}") from None
+        if isinstance(plan, (str, bytes, Path)):
+            plan = plan_document(plan)
         if not isinstance(plan, dict) or not isinstance(plan.get("placement"), dict):
             raise InvalidInput("plan: expected a baechi.plan/v1 document with a 'placement'")
         placement = plan["placement"]
@@ -364,6 +356,19 @@ def read_plan(plan: Any) -> ReadPlan:
         raise InvalidInput(f"plan: placement of {bad[0]!r} is not a device name")
     return ReadPlan(placement, cluster_device_names(cluster), _check_order(order),
                      _check_transfer_order(transfer_order))
+
+
+def plan_document(plan: str | bytes | Path) -> Any:
+    """A plan given as JSON text, or as the path of a JSON file, parsed (not yet checked)."""
+    if isinstance(plan, (str, Path)) and not str(plan).lstrip().startswith("{"):
+        try:
+            plan = Path(plan).read_bytes()
+        except OSError as exc:
+            raise InvalidInput(f"{plan}: cannot read plan: {exc.strerror}") from None
+    try:
+        return orjson.loads(plan)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"plan: not valid JSON: {exc}") from None
 
 
 def _check_order(order: Any) -> dict[str, list[str]] | None:

@@ -332,6 +332,8 @@ class _Model:
         model.AddMaxEquality(self.makespan, end)
         model.Minimize(self.makespan)
         self.messages = messages
+        #: message key (a transfer key without its destination) → index in ``messages``
+        self.message_index = {m.key: i for i, m in enumerate(messages)}
 
     def ticks(self, us: float) -> int:
         """``us`` in the model's integer time units."""
@@ -489,7 +491,7 @@ class _Model:
             model.AddHint(used, highest)
         if not self.channels:
             return
-        index = {m.key: i for i, m in enumerate(self.messages)}
+        index = self.message_index
         sent_at: dict[tuple[int, int], tuple[int, float]] = {}
         t = run.transfers
         for j in range(len(t)):
@@ -546,7 +548,7 @@ class _Model:
         """Each channel's messages (those of the plan's replay ``fifo``) by their start in the
         solution; a message off the channel model (it takes no time) by its producer's end;
         ties in FIFO's booking order."""
-        index = {m.key: i for i, m in enumerate(self.messages)}
+        index = self.message_index
         keys = fifo.transfers.key
         when = []
         for key in keys:
