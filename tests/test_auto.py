@@ -216,3 +216,28 @@ def test_auto_keeps_the_solvers_channel_order_and_its_proof(name: str) -> None:
     assert plan.stats.optimal is True
     assert plan.estimate.step_time_us == exact.estimate.step_time_us
     assert simulate(case.graph, plan).step_time_us == plan.estimate.step_time_us
+
+
+def test_time_left_goes_to_the_solver_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When local search stagnates before the deadline and ``exact`` ran without a proof,
+    auto runs it again: first from its own start, then from each faster plan; the plan
+    returned is never slower than any of them and ends within the time limit."""
+    import baechi.auto
+    from baechi.auto import Entry
+    from baechi.testing import small_cases
+
+    # exact's share too short for any proof, so every round is unproven
+    monkeypatch.setattr(baechi.auto, "PORTFOLIO", (
+        Entry("m-etf", True), Entry("exact", False, max_seconds=0.01, hinted=True)))
+    case = next(c for c in small_cases(seeds=1, ops=(40,), mode="sequential")
+                if c.devices == 4 and c.ccr == 10)
+    tick = time.perf_counter()
+    plan = place(case.graph, case.cluster, options={"time_limit_s": 5})
+    assert time.perf_counter() - tick < 5.5
+    notes = [c.note for c in plan.stats.candidates if c.algorithm == "exact"]
+    assert notes[0] == ""  # the portfolio's run, hinted with m-ETF's plan
+    assert notes[1] == "again, from its own start"
+    assert all(n in ("again, from its own start", "again, from the best plan") for n in notes[1:])
+    steps = [c.step_time_us for c in plan.stats.candidates if c.step_time_us is not None]
+    assert plan.stats.fifo_step_time_us <= min(steps)
+    assert simulate(case.graph, plan).step_time_us == plan.estimate.step_time_us
