@@ -185,6 +185,8 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
             f"{max(secs):.2f} |"
         )
     out += improvement(rows)
+    if BASELINE.exists():
+        out += against_baseline(rows, read_rows(BASELINE))
     out += ["", "## Every run", "",
             "| graph | ops | devices | network | memory | algorithm | pipeline | nodes | seconds | "
             "step ms | / lower bound | speedup | peak / limit | status |",
@@ -272,6 +274,47 @@ def improvement(rows: list[dict[str, Any]]) -> list[str]:
             f"{geomean(vs_etf):.3f} | {geomean(vs_best):.3f} | {better} | {worse} | "
             f"{geomean(auto_single):.3f} | {geomean(best_single):.3f} | "
             f"{statistics.median(secs) if secs else float('nan'):.2f} |")
+    return out
+
+
+#: The named algorithms' results before the plan-optimizer work (issue 9) began: bench/results.csv
+#: as ``python bench/run.py`` wrote it at commit ddf1dd4, on the same graphs and settings.
+BASELINE = ROOT / "bench" / "baseline.csv"
+
+
+def against_baseline(rows: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> list[str]:
+    """``auto``'s step / single device against the best named plan of each setting, today's
+    and :data:`BASELINE`'s, as geometric means over the memory-limited settings where both
+    have a plan (per memory level and all together)."""
+    def best(source: list[dict[str, Any]]) -> dict[tuple[str, ...], float]:
+        found: dict[tuple[str, ...], float] = {}
+        for r in source:
+            if r["algorithm"] in ("auto", "single") or r["status"] != "ok":
+                continue
+            key = (r["group"], r["graph"], str(r["devices"]), r["network"], r["memory"])
+            found[key] = min(found.get(key, math.inf), float(r["step_us"]))
+        return found
+
+    now, before = best(rows), best(baseline)
+    autos = {(r["group"], r["graph"], str(r["devices"]), r["network"], r["memory"]):
+             float(r["step_us"]) for r in rows if r["algorithm"] == "auto" and r["status"] == "ok"}
+    out = ["", "## auto against the named algorithms before the plan optimizer", "",
+           "Memory-limited settings only. `auto` (as above) against the fastest named plan of "
+           "each setting today and in `bench/baseline.csv` (the named algorithms' results at "
+           "commit ddf1dd4, before `auto`, `exact`, local search, repair and transfer ordering "
+           "existed; same graphs and settings). Ratios are geometric means of auto's step over "
+           "the best named step (the single-device step cancels out) over the settings where "
+           "all three have a plan.", "",
+           "| network | memory | settings | auto / best named today | auto / best named before |",
+           "|---|---|---|---|---|"]
+    levels = [m for m in MEMORY_LEVELS if m != "unlimited"]
+    groups = [(n, [m]) for n in NETWORKS for m in levels] + [("all", levels)]
+    for network, memories in groups:
+        keys = [k for k in autos if k in now and k in before and k[4] in memories
+                and network in ("all", k[3])]
+        out.append(f"| {network} | {'all' if len(memories) > 1 else memories[0]} | {len(keys)} | "
+                   f"{geomean([autos[k] / now[k] for k in keys]):.3f} | "
+                   f"{geomean([autos[k] / before[k] for k in keys]):.3f} |")
     return out
 
 
