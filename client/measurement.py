@@ -33,6 +33,12 @@ from baechi.client.errors import InvalidInput
 from baechi.client.pinning import CONTROL_FLOW
 from pydantic import BaseModel, Field
 
+#: The counters of :class:`~baechi.client.ordering.Enforcement` a measurement reports (the
+#: fields of the same names below; 0 for a run without enforcement).
+ENFORCEMENT_COUNTERS = ("order_edges", "order_edges_present", "order_edges_merged",
+                        "order_edges_skipped", "transfers_routed", "transfer_edges",
+                        "transfer_edges_skipped")
+
 
 class RunMeasurement(BaseModel):
     """What a few placed steps did, with or without order enforcement."""
@@ -330,13 +336,7 @@ class _Observer:
             measured_step_us=statistics.median(self.step_us) if self.step_us else 0.0,
             device_busy_us={d: round(statistics.median(v + [0.0] * (steps - len(v))), 3)
                             for d, v in sorted(self.busy.items())},
-            order_edges=getattr(enforcement, "order_edges", 0),
-            order_edges_present=getattr(enforcement, "order_edges_present", 0),
-            order_edges_merged=getattr(enforcement, "order_edges_merged", 0),
-            order_edges_skipped=getattr(enforcement, "order_edges_skipped", 0),
-            transfers_routed=getattr(enforcement, "transfers_routed", 0),
-            transfer_edges=getattr(enforcement, "transfer_edges", 0),
-            transfer_edges_skipped=getattr(enforcement, "transfer_edges_skipped", 0),
+            **{name: getattr(enforcement, name, 0) for name in ENFORCEMENT_COUNTERS},
             off_device=self.off_device,
             out_of_order=self.out_of_order,
         )
