@@ -339,19 +339,6 @@ class _Search:
         return (device_of, orders, rank, self.since(orders, changed, moved, device_of),
                 self.estimate(device_of, orders, changed, moved, earlier))
 
-    def _messages(self, producer: int, device_of: list[int]) -> list[int]:
-        """The messages ``producer`` books when it completes, in booking order."""
-        graph, ev = self.graph, self.ev
-        d = device_of[producer]
-        booked: list[int] = []
-        for k in graph.out_edges[producer]:
-            dd = device_of[graph.edge_dst[k]]
-            if dd != d:
-                message = ev.message(k, dd)
-                if message not in booked:
-                    booked.append(message)
-        return booked
-
     def since(self, orders: list[list[int]], changed: set[int], moved: list[int],
               device_of: list[int]) -> float:
         """The earliest simulated instant at which the candidate may behave differently
@@ -371,14 +358,16 @@ class _Search:
                 # the device reaches position i when the op before it completes
                 previous = end[new[i - 1]] if i else -math.inf
                 since = min(since, max(previous, ready))
-        # a producer of a moved op books other messages at its completion (or in another
-        # order), unless the moved op shares its messages with consumers that stay
+        # what a moved op's inputs do is settled when each producer completes: it books
+        # messages for the op's device, or the input is there at once on the same device;
+        # a moved op's new device changes that even where its producer's messages stay the
+        # same (one control message serves every consumer on a device)
         moved_set = set(moved)
-        producers = {edge_src[k] for op in moved for k in in_edges[op]} - moved_set
-        for producer in producers:
-            if end[producer] < since and (self._messages(producer, self.device_of)
-                                          != self._messages(producer, device_of)):
-                since = end[producer]
+        for op in moved:
+            for k in in_edges[op]:
+                producer = edge_src[k]
+                if producer not in moved_set and end[producer] < since:
+                    since = end[producer]
         return since
 
     def critical_path(self) -> list[tuple[int, int]]:
