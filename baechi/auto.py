@@ -344,9 +344,10 @@ def _faster(run: Run, best: Run) -> bool:
 
 
 def _bound(request: Request, runs: list[Run]) -> float:
-    """The best proven lower bound so far: the simulator's, or a solver's on the graph itself
+    """The best proven lower bound so far: the request's (:attr:`Request.bound_us`: the
+    simulator's, raised by the transfers memory forces), or a solver's on the graph itself
     (``bound_us``; a bound proved on a reduced graph is kept as ``reduced_bound_us``)."""
-    return max([request.cost.lower_bound_us(),
+    return max([request.bound_us,
                 *(r.algorithm_stats.get("bound_us", 0.0) for r in runs)])
 
 

@@ -1,7 +1,12 @@
-"""Lower bounds on the memory any plan needs, used to explain infeasibility up front."""
+"""Lower bounds: the memory any plan needs (to explain infeasibility up front), and the step
+time any plan needs once memory forces ops apart."""
 
 from __future__ import annotations
 
+import math
+from collections import deque
+
+from baechi.cluster import Cluster
 from baechi.costmodel import CostModel, instant
 from baechi.graph import Graph
 from baechi.grouping import Units
@@ -51,3 +56,153 @@ def unit_floor(
     persistent = sum(graph.persistent_bytes[op] for op in members)
     worst = max(members, key=lambda op: running_bytes(graph, op, cost))
     return persistent + running_bytes(graph, worst, cost), worst
+
+
+def step_bound_us(graph: Graph, cluster: Cluster, units: Units, cost: CostModel) -> float:
+    """A lower bound of every plan's step time that counts the transfers placement forces.
+
+    A stretch of a chain of ops cannot run on one device when its units' persistent bytes
+    plus the running bytes (:func:`running_bytes`) of one of its ops exceed the largest
+    device, or when it holds two different pins: one of its edges then crosses devices, and
+    a crossing edge delays its consumer by at least the edge's fastest transfer
+    (:meth:`CostModel.fastest_transfer_us <baechi.costmodel.CostModel.fastest_transfer_us>`;
+    channels can only add to it). So the chain takes at least its compute (each op at its
+    fastest) plus the cheapest set of its edges that splits every such stretch (an interval
+    cover, solved exactly in linear time). The bound is the largest of DESIGN's
+    (:meth:`CostModel.lower_bound_us <baechi.costmodel.CostModel.lower_bound_us>`) and this
+    over two chains: the longest with each edge whose ends cannot share a device costed, and
+    the longest by compute alone.
+
+    Examples
+    --------
+    ``a`` and ``c`` (60 bytes each, resident all step) cannot share a 100-byte device, so
+    ``a → b`` or ``b → c`` crosses; the cheaper costs 1.1 µs (1 µs latency, 1000 bytes per µs).
+
+    >>> from baechi import Cluster, load_graph
+    >>> from baechi.costmodel import CostModel
+    >>> from baechi.grouping import colocation_units
+    >>> g = load_graph({"format": "baechi.graph/v1", "ops": [
+    ...     {"name": "a", "compute_us": 10, "persistent_bytes": 60},
+    ...     {"name": "b", "compute_us": 10},
+    ...     {"name": "c", "compute_us": 10, "persistent_bytes": 60}],
+    ...     "edges": [{"src": "a", "dst": "b", "bytes": 1000},
+    ...               {"src": "b", "dst": "c", "bytes": 100}]})
+    >>> c = Cluster.parse({"devices": {"count": 2, "memory_bytes": 100},
+    ...                    "network": {"latency_us": 1, "bandwidth_gbps": 1}})
+    >>> cost = CostModel(g, c)
+    >>> cost.lower_bound_us(), round(step_bound_us(g, c, colocation_units(g, c), cost), 6)
+    (30.0, 31.1)
+    """
+    floor = cost.lower_bound_us()
+    limits = [d.memory_bytes for d in cluster.devices]
+    pinned = {pin for pin in units.pin if pin >= 0}
+    if len(limits) < 2 or (None in limits and len(pinned) < 2):
+        return floor  # nothing forces ops apart
+    capacity = math.inf if None in limits else float(max(limits))  # type: ignore[type-var]
+    unit_persistent = [0] * len(units)
+    for op, unit in enumerate(units.unit_of):
+        unit_persistent[unit] += graph.persistent_bytes[op]
+    running = [running_bytes(graph, op, cost) for op in range(len(graph))]
+
+    def apart(k: int) -> bool:  # whether edge k's ends cannot share a device
+        return _cover_us(graph, cost, [graph.edge_src[k], graph.edge_dst[k]], unit_persistent,
+                         running, units, capacity) > 0
+
+    forced = [cost.fastest_transfer_us(k) if apart(k) else 0.0 for k in range(graph.num_edges)]
+    best = floor
+    for edge_us in (forced, [0.0] * graph.num_edges):
+        chain = _longest_chain(graph, cost.fastest_us, edge_us)
+        cut_us = _cover_us(graph, cost, chain, unit_persistent, running, units, capacity)
+        best = max(best, math.fsum(cost.fastest_us[op] for op in chain) + cut_us)
+    return best
+
+
+def _longest_chain(graph: Graph, op_us: list[float], edge_us: list[float]) -> list[int]:
+    """The ops of a longest chain, each op taking ``op_us[op]`` and each edge ``edge_us[k]``."""
+    finish = [0.0] * len(graph)
+    before = [-1] * len(graph)
+    for op in graph.topo:
+        start = 0.0
+        for k in graph.in_edges[op]:
+            arrival = finish[graph.edge_src[k]] + edge_us[k]
+            if arrival > start:
+                start, before[op] = arrival, graph.edge_src[k]
+        finish[op] = start + op_us[op]
+    op = max(range(len(graph)), key=finish.__getitem__, default=-1)
+    chain = []
+    while op >= 0:
+        chain.append(op)
+        op = before[op]
+    return chain[::-1]
+
+
+def _cover_us(graph: Graph, cost: CostModel, chain: list[int], unit_persistent: list[int],
+              running: list[int], units: Units, capacity: float) -> float:
+    """The cheapest set of ``chain``'s edges that splits every stretch of it no one device can
+    hold (0 when there is none; ``chain``'s compute not included).
+
+    A stretch ``chain[i..j]`` on one device puts all its units' persistent bytes there, plus
+    the running bytes of whichever op runs; if that exceeds ``capacity``, or the stretch
+    holds two different pins, one of its edges crosses.
+    """
+    # last_split[j]: the largest i whose stretch i..j must be split (-1: none). Stretches
+    # only grow harder to hold as they lengthen, so one left pointer serves every j.
+    last_split = [-1] * len(chain)
+    held: dict[int, int] = {}  # units of the stretch -> their ops in it
+    pins: dict[int, int] = {}  # pins of the stretch -> their ops in it
+    peak: deque[int] = deque()  # stretch positions, running bytes decreasing
+    persistent = 0
+    left = 0
+
+    def enter(op: int, sign: int) -> None:
+        nonlocal persistent
+        unit = units.unit_of[op]
+        held[unit] = held.get(unit, 0) + sign
+        if held[unit] == (1 if sign > 0 else 0):
+            persistent += sign * unit_persistent[unit]
+        pin = units.pin[unit]
+        if pin >= 0:
+            pins[pin] = pins.get(pin, 0) + sign
+            if not pins[pin]:
+                del pins[pin]
+
+    for j, op in enumerate(chain):
+        enter(op, 1)
+        while peak and running[chain[peak[-1]]] <= running[op]:
+            peak.pop()
+        peak.append(j)
+        while left < j and (len(pins) > 1
+                            or persistent + running[chain[peak[0]]] > capacity):
+            enter(chain[left], -1)
+            left += 1
+            if peak[0] < left:
+                peak.popleft()
+        last_split[j] = left - 1
+    if max(last_split, default=-1) < 0:
+        return 0.0
+    # cut c is the edge chain[c] -> chain[c + 1]: its consumer waits for the slowest message
+    cut_us = []
+    for c in range(len(chain) - 1):
+        src, dst = chain[c], chain[c + 1]
+        a, b = units.unit_of[src], units.unit_of[dst]
+        together = a == b or (units.pin[a] >= 0 and units.pin[a] == units.pin[b])
+        cut_us.append(math.inf if together else max(
+            cost.fastest_transfer_us(k) for k in graph.in_edges[dst] if graph.edge_src[k] == src))
+    # covered[c]: the cheapest cuts ending with cut c that split every stretch ending by op c;
+    # stretch i..j needs a cut in [i, j - 1], so the cut before c must be at or after
+    # ``low``, the largest i of the stretches with j <= c (a window whose ends only grow)
+    covered = [math.inf] * len(cut_us)
+    window: deque[int] = deque()  # cuts in the window, their ``covered`` increasing
+    low = -1
+    for c in range(len(cut_us)):
+        low = max(low, last_split[c])
+        while window and window[0] < low:
+            window.popleft()
+        before = 0.0 if low < 0 else (covered[window[0]] if window else math.inf)
+        covered[c] = cut_us[c] + before
+        while window and covered[window[-1]] >= covered[c]:
+            window.pop()
+        window.append(c)
+    low = max(low, last_split[-1])
+    best = min(covered[low:], default=math.inf)
+    return 0.0 if math.isinf(best) else best

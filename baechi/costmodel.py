@@ -81,6 +81,9 @@ class CostModel:
                 a, b = index[link.devices[0]], index[link.devices[1]]
                 own = network.link(link)
                 self._pair[a][b] = self._pair[b][a] = (own.latency_us, own.us_per_byte)
+        #: the distinct (latency, µs per byte) of the links between two different devices
+        self._links = {link for a, row in enumerate(self._pair or []) for b, link in enumerate(row)
+                       if a != b}
         self._measured = graph.edge_transfer_us
         self._single: tuple[float, int] | None = None
         self._lower_bound: float | None = None
@@ -100,6 +103,17 @@ class CostModel:
             return self._latency_us + self.message_bytes(edge) * self._us_per_byte
         latency, per_byte = self._pair[src_device][dst_device]
         return latency + self.message_bytes(edge) * per_byte
+
+    def fastest_transfer_us(self, edge: int) -> float:
+        """The least time a transfer of ``edge`` between two devices can take: its measured
+        time, else its message on the cluster's fastest link. What a plan pays at least
+        where the edge crosses devices (:mod:`baechi.bounds`)."""
+        if self._measured is not None and self._measured[edge] is not None:
+            return self._measured[edge]
+        nbytes = self.message_bytes(edge)
+        if self._pair is None:
+            return self._latency_us + nbytes * self._us_per_byte
+        return min(latency + nbytes * per_byte for latency, per_byte in self._links)
 
     def nominal_transfer_us(self, edge: int) -> float:
         """``edge``'s transfer time before devices are known: the measured time, else the

@@ -12,6 +12,7 @@ plan, its figures and its seconds per phase.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 
 from baechi.algorithms import get_algorithm
 from baechi.algorithms.base import Assignment, Problem, Progress
+from baechi.bounds import step_bound_us
 from baechi.cluster import Cluster
 from baechi.costmodel import CostModel
 from baechi.errors import InfeasiblePlacement
@@ -80,6 +82,12 @@ class Request:
     def expired(self) -> bool:
         """Whether the deadline has passed."""
         return time.perf_counter() >= self.deadline
+
+    @functools.cached_property
+    def bound_us(self) -> float:
+        """A lower bound of every plan's step time for this request, transfers that memory
+        or pins force included (:func:`baechi.bounds.step_bound_us`). Computed once."""
+        return step_bound_us(self.graph, self.cluster, self.units, self.cost)
 
     def replay(self, device_of: list[int], orders: list[list[int]]) -> Simulation:
         """The simulator's replay of a plan of this request's graph (the judge)."""

@@ -64,6 +64,7 @@ from ortools.sat.python import cp_model
 
 from baechi.algorithms.base import Assignment, Problem, Progress
 from baechi.algorithms.etf import place_etf
+from baechi.bounds import step_bound_us
 from baechi.costmodel import CostModel
 from baechi.errors import InfeasiblePlacement, InvalidPlan
 from baechi.simulate import Simulation, TransferKey, replay
@@ -148,13 +149,16 @@ def place_exact(problem: Problem) -> Assignment:
     hint = problem.hint or _etf_hint(problem)
     hint_run = None if hint is None else replay(graph, cluster, hint.device_of, hint.orders,
                                                 cost)
-    floor_us = cost.lower_bound_us()
+    floor_us = cost.lower_bound_us()  # the model's makespan holds it in every solution
+    # every plan's, transfers that memory forces included: reported, not given to the model
+    # (whose memory rule leaves out received copies, so its solutions need not meet it)
+    request_floor_us = step_bound_us(graph, cluster, problem.units, cost)
     if n > EXACT_MAX_OPS:
         if hint is None:
             raise InfeasiblePlacement(f"exact: m-ETF found no plan within memory for the "
                                       f"warm start, and the graph ({n} ops) is too large")
         return Assignment(hint.device_of, hint.orders, {
-            "optimal": False, "bound_us": floor_us, "solver_status": "NOT_RUN",
+            "optimal": False, "bound_us": request_floor_us, "solver_status": "NOT_RUN",
             "fallback": f"exact models graphs of up to {EXACT_MAX_OPS} ops (this one has {n} "
                         "after the reduction pipeline): the warm start's plan"})
     horizon_us = _horizon_us(problem, cost, hint_run)
@@ -197,7 +201,7 @@ def place_exact(problem: Problem) -> Assignment:
         "channels_modelled": built.channels,
     }
     proven = solver.BestObjectiveBound() / scale / (1 + rounding) if found else 0.0
-    stats["bound_us"] = max(floor_us, proven) if at_limits else floor_us
+    stats["bound_us"] = max(floor_us, request_floor_us, proven if at_limits else 0.0)
     if not found:
         if hint is None:
             raise InfeasiblePlacement(
