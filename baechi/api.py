@@ -30,7 +30,7 @@ from typing import Any
 from baechi._version import __version__
 from baechi.algorithms import DEFAULT_ALGORITHM, get_algorithm
 from baechi.algorithms.base import Progress, no_progress
-from baechi.auto import OPTIMAL_TOLERANCE, Outcome, candidate_fields, place_auto
+from baechi.auto import Outcome, candidate_fields, meets_bound, place_auto
 from baechi.bounds import unit_floor
 from baechi.cluster import Cluster
 from baechi.costmodel import CostModel
@@ -172,9 +172,8 @@ def _order_transfers(request: Request, result: _Result) -> _Result:
     bound_us = result.fields.get("bound_us", run.algorithm_stats.get("bound_us"))
     if bound_us is not None and ("optimal" in result.fields or "optimal" in run.algorithm_stats):
         # proven optimal is a fact of the plan returned: its replay meets the proven bound
-        estimate = outcome.simulation.estimate
-        fields["optimal"] = estimate.memory_ok and \
-            estimate.step_time_us <= bound_us * (1 + OPTIMAL_TOLERANCE)
+        fields["optimal"] = outcome.simulation.estimate.memory_ok and \
+            meets_bound(outcome.simulation, bound_us)
     seconds = add_seconds(result.seconds, {"order": time.perf_counter() - tick})
     return dataclasses.replace(result, simulation=outcome.simulation, seconds=seconds,
                                fields=fields)

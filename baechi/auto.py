@@ -161,8 +161,9 @@ class Outcome:
     chosen: Chosen
     seconds: dict[str, float]
     deadline_reached: bool
-    #: The best lower bound proved on every plan's step time: the simulator's, or a
-    #: solver's (``exact`` on the graph itself), whichever is higher.
+    #: The best lower bound proved on every plan's step time: the request's
+    #: (:attr:`Request.bound_us`), or a solver's (``exact`` on the graph itself), whichever
+    #: is higher.
     bound_us: float
     #: The other plans found (slower under FIFO channels), each with the run and the choice
     #: it stands for: the transfer-order post-pass may make one of them the fastest.
@@ -171,7 +172,7 @@ class Outcome:
     @property
     def optimal(self) -> bool:
         """Whether the returned plan meets the bound, so no plan is faster."""
-        return self.simulation.estimate.step_time_us <= self.bound_us * (1 + OPTIMAL_TOLERANCE)
+        return meets_bound(self.simulation, self.bound_us)
 
 
 def place_auto(request: Request) -> Outcome:
@@ -198,7 +199,7 @@ def place_auto(request: Request) -> Outcome:
         if runs and request.expired() and (best is not None or not entry.last_resort):
             deadline_reached = True
             continue
-        if best is not None and _meets(best, _bound(request, runs)):
+        if best is not None and meets_bound(best.simulation, _bound(request, runs)):
             break
         report("auto", i / (len(entries) + 2))
         tick = time.perf_counter()
@@ -219,7 +220,7 @@ def place_auto(request: Request) -> Outcome:
             note="" if run.error is None else "no plan within memory"))
         if run.simulation is not None and (best is None or _faster(run, best)):
             best = run
-    if best is None or not _meets(best, _bound(request, runs)):
+    if best is None or not meets_bound(best.simulation, _bound(request, runs)):
         for repaired, candidate in _repairs(request, runs):
             candidates.append(candidate)
             seconds = add_seconds(seconds, {"repair": candidate.seconds})
@@ -246,7 +247,7 @@ def place_auto(request: Request) -> Outcome:
     # again from the other start than its first run's, then from the best plan each time a
     # round found a faster one
     rounds: list[tuple[Entry, bool] | None] = [None, *((e, not e.hinted) for e in solver_entries)]
-    while rounds and not _meets_us(simulation, bound_us) and not request.expired():
+    while rounds and not meets_bound(simulation, bound_us) and not request.expired():
         task = rounds.pop(0)
         if task is not None:
             entry, hinted = task
@@ -351,14 +352,10 @@ def _bound(request: Request, runs: list[Run]) -> float:
                 *(r.algorithm_stats.get("bound_us", 0.0) for r in runs)])
 
 
-def _meets(run: Run, bound_us: float) -> bool:
-    """Whether ``run``'s plan is proven optimal: it meets the bound."""
-    assert run.simulation is not None
-    return _meets_us(run.simulation, bound_us)
-
-
-def _meets_us(simulation: Simulation, bound_us: float) -> bool:
-    """Whether ``simulation``'s step time meets the bound (no plan is faster)."""
+def meets_bound(simulation: Simulation | None, bound_us: float) -> bool:
+    """Whether ``simulation``'s plan is proven optimal: its step time meets a lower bound of
+    every plan's (within :data:`OPTIMAL_TOLERANCE`)."""
+    assert simulation is not None
     return simulation.estimate.step_time_us <= bound_us * (1 + OPTIMAL_TOLERANCE)
 
 

@@ -108,11 +108,9 @@ class CostModel:
         """The least time a transfer of ``edge`` between two devices can take: its measured
         time, else its message on the cluster's fastest link. What a plan pays at least
         where the edge crosses devices (:mod:`baechi.bounds`)."""
-        if self._measured is not None and self._measured[edge] is not None:
-            return self._measured[edge]
+        if self._pair is None or (self._measured is not None and self._measured[edge] is not None):
+            return self.nominal_transfer_us(edge)  # one link, or a measured time
         nbytes = self.message_bytes(edge)
-        if self._pair is None:
-            return self._latency_us + nbytes * self._us_per_byte
         return min(latency + nbytes * per_byte for latency, per_byte in self._links)
 
     def nominal_transfer_us(self, edge: int) -> float:
