@@ -196,7 +196,7 @@ def run_algorithm(
             refused = simulation
         if attempt == MEMORY_RETRIES or request.expired():
             return Run(algorithm, options, reduction, None, over_error, attempt,
-                       dict(assignment.stats), seconds, refused=refused)
+                       for_the_request(assignment.stats, reduction), seconds, refused=refused)
         budget = list(problem.budget)
         for d, excess in over.items():
             # the placer's memory model can be off by more than the overshoot it was told

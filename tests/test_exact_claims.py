@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 
 import pytest
 from helpers import edge, graph_doc, op
@@ -13,6 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from baechi import Cluster, load_graph, place, simulate
+from baechi.algorithms import ALGORITHMS
+from baechi.algorithms.base import Assignment, Problem, no_progress
+from baechi.options import Options
+from baechi.placing import Request, run_algorithm
 from baechi.simulate import replay
 
 NO_PIPELINE = {"co_placement": False, "fusion": False, "allow_single": False}
@@ -73,3 +78,29 @@ def test_an_optimum_of_the_reduced_graph_is_not_claimed_for_the_request() -> Non
     assert [step["units"] for step in stats["nodes"]][-1] < 4  # co-placement merged some
     assert stats["optimal"] is False and "reduced_bound_us" in stats
     assert "reduced graph only" in stats["optimal_note"]
+
+
+def test_a_refused_plan_of_a_reduced_graph_keeps_no_bound(monkeypatch: pytest.MonkeyPatch,
+                                                           ) -> None:
+    # a placer's plan of the reduced graph that overshoots memory is refused after every
+    # retry; the bound it reports holds for the reduced graph only, and must not reach auto
+    # (which took such a bound as every plan's: 310.0 ms over a 245.7 ms plan found later)
+    def overclaiming(problem: Problem) -> Assignment:
+        n = len(problem.graph)
+        return Assignment([0] * n, [list(problem.graph.topo), []],
+                          {"optimal": True, "bound_us": 1e9})
+
+    monkeypatch.setitem(ALGORITHMS, "overclaiming", overclaiming)
+    # fusion merges each x_i with y_i; six y outputs live until z: 1.2 GB on one device
+    size = 2 * 10**8
+    doc = graph_doc([op(f"{c}{i}", 10, output_bytes=size) for c in "xy" for i in range(6)]
+                    + [op("z", 10)],
+                    [edge(f"x{i}", f"y{i}", size) for i in range(6)]
+                    + [edge(f"y{i}", "z", size) for i in range(6)])
+    graph = load_graph(doc)
+    cluster = Cluster.uniform(2, memory_bytes=2**30)
+    request = Request.of(graph, cluster, Options(), time.perf_counter(), no_progress)
+    run = run_algorithm(request, "overclaiming", Options())
+    assert run.simulation is None and run.refused is not None  # over memory, every retry
+    assert run.reduction is not None and run.reduction.members is not None  # units merged
+    assert "bound_us" not in run.algorithm_stats and run.algorithm_stats["optimal"] is False
