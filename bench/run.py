@@ -326,7 +326,23 @@ def against_baseline(rows: list[dict[str, Any]], baseline: list[dict[str, Any]])
                    f"{geomean([bounds[k] / now[k] for k in keys]):.3f} | "
                    f"{geomean([autos[k] / bounds[k] for k in keys]):.3f} | "
                    f"{sum(autos[k] <= bounds[k] * (1 + 1e-6) for k in keys)} |")
+    broken = bound_violations(rows, bounds)
+    out += ["", f"Checked: auto's bound is above a plan some algorithm found in {len(broken)} "
+            f"of {len(bounds)} settings (must be 0){': ' if broken else '.'}"
+            + "; ".join(" ".join(k) for k in broken)]
     return out
+
+
+def bound_violations(rows: list[dict[str, Any]],
+                     bounds: dict[tuple[str, ...], float]) -> list[tuple[str, ...]]:
+    """The settings where a bound is above the step time of a plan any algorithm found
+    there (a bound that is not one: a bug)."""
+    fastest: dict[tuple[str, ...], float] = {}
+    for r in rows:
+        if r["status"] == "ok":
+            key = (r["group"], r["graph"], str(r["devices"]), r["network"], r["memory"])
+            fastest[key] = min(fastest.get(key, math.inf), float(r["step_us"]))
+    return sorted(k for k, b in bounds.items() if b > fastest[k] * (1 + 1e-6))
 
 
 def fragments(directory: Path) -> str:
