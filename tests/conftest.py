@@ -7,8 +7,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 pytest_plugins = ["service_fixtures"]
+
+# A property test's failure prints the blob that replays it (@reproduce_failure): a clone, as
+# CI's, has no .hypothesis database, so the blob is the only record of the failing example.
+settings.register_profile("baechi", print_blob=True)
+settings.load_profile("baechi")
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
