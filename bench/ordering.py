@@ -10,7 +10,7 @@ Each plan is placed once with the default ``options.transfer_order`` ("model-awa
 and its estimate the step time kept (FIFO unless the model-aware order is strictly faster).
 For the named algorithms the placement does not depend on the option (checked: the plans of
 ``transfer_order="fifo"`` are byte-identical to those before the option existed), so this is
-the option's whole effect; for ``auto`` the placement phase also ends 5% of the time limit
+the option's whole effect; for ``auto`` the placement phase also ends 10% of the time limit
 earlier (``baechi.placing.ORDERING_SHARE``).
 """
 
