@@ -283,6 +283,11 @@ def improvement(rows: list[dict[str, Any]]) -> list[str]:
 BASELINE = ROOT / "bench" / "baseline.csv"
 
 
+def setting_key(row: dict[str, Any]) -> tuple[str, ...]:
+    """A setting: graph (with its group), devices, network and memory."""
+    return (row["group"], row["graph"], str(row["devices"]), row["network"], row["memory"])
+
+
 def against_baseline(rows: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> list[str]:
     """``auto``'s step / single device against the best named plan of each setting, today's
     and :data:`BASELINE`'s, as geometric means over the memory-limited settings where both
@@ -292,12 +297,12 @@ def against_baseline(rows: list[dict[str, Any]], baseline: list[dict[str, Any]])
         for r in source:
             if r["algorithm"] in ("auto", "single") or r["status"] != "ok":
                 continue
-            key = (r["group"], r["graph"], str(r["devices"]), r["network"], r["memory"])
+            key = setting_key(r)
             found[key] = min(found.get(key, math.inf), float(r["step_us"]))
         return found
 
     now, before = best(rows), best(baseline)
-    auto_rows = {(r["group"], r["graph"], str(r["devices"]), r["network"], r["memory"]): r
+    auto_rows = {setting_key(r): r
                  for r in rows if r["algorithm"] == "auto" and r["status"] == "ok"}
     autos = {k: float(r["step_us"]) for k, r in auto_rows.items()}
     # auto's stats.bound_us: no plan of the setting is faster (DESIGN's bound when absent)
@@ -340,7 +345,7 @@ def bound_violations(rows: list[dict[str, Any]],
     fastest: dict[tuple[str, ...], float] = {}
     for r in rows:
         if r["status"] == "ok":
-            key = (r["group"], r["graph"], str(r["devices"]), r["network"], r["memory"])
+            key = setting_key(r)
             fastest[key] = min(fastest.get(key, math.inf), float(r["step_us"]))
     return sorted(k for k, b in bounds.items() if b > fastest[k] * (1 + 1e-6))
 
