@@ -288,20 +288,24 @@ def setting_key(row: dict[str, Any]) -> tuple[str, ...]:
     return (row["group"], row["graph"], str(row["devices"]), row["network"], row["memory"])
 
 
+def fastest_steps(rows: list[dict[str, Any]], leave_out: tuple[str, ...] = (),
+                  ) -> dict[tuple[str, ...], float]:
+    """Per setting, the fastest step time of a plan found by an algorithm not in
+    ``leave_out``."""
+    found: dict[tuple[str, ...], float] = {}
+    for r in rows:
+        if r["status"] == "ok" and r["algorithm"] not in leave_out:
+            key = setting_key(r)
+            found[key] = min(found.get(key, math.inf), float(r["step_us"]))
+    return found
+
+
 def against_baseline(rows: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> list[str]:
     """``auto``'s step / single device against the best named plan of each setting, today's
     and :data:`BASELINE`'s, as geometric means over the memory-limited settings where both
     have a plan (per memory level and all together)."""
-    def best(source: list[dict[str, Any]]) -> dict[tuple[str, ...], float]:
-        found: dict[tuple[str, ...], float] = {}
-        for r in source:
-            if r["algorithm"] in ("auto", "single") or r["status"] != "ok":
-                continue
-            key = setting_key(r)
-            found[key] = min(found.get(key, math.inf), float(r["step_us"]))
-        return found
-
-    now, before = best(rows), best(baseline)
+    unnamed = ("auto", "single")  # the best plan of a *named* algorithm
+    now, before = fastest_steps(rows, unnamed), fastest_steps(baseline, unnamed)
     auto_rows = {setting_key(r): r
                  for r in rows if r["algorithm"] == "auto" and r["status"] == "ok"}
     autos = {k: float(r["step_us"]) for k, r in auto_rows.items()}
@@ -342,11 +346,7 @@ def bound_violations(rows: list[dict[str, Any]],
                      bounds: dict[tuple[str, ...], float]) -> list[tuple[str, ...]]:
     """The settings where a bound is above the step time of a plan any algorithm found
     there (a bound that is not one: a bug)."""
-    fastest: dict[tuple[str, ...], float] = {}
-    for r in rows:
-        if r["status"] == "ok":
-            key = setting_key(r)
-            fastest[key] = min(fastest.get(key, math.inf), float(r["step_us"]))
+    fastest = fastest_steps(rows)
     return sorted(k for k, b in bounds.items() if b > fastest[k] * (1 + 1e-6))
 
 
