@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import DATA, ROOT, SHARED, needs_shared
+from conftest import DATA, ROOT, SHARED, needs_shared, needs_tensorflow
 from helpers import edge, graph_doc, op
 
 from baechi import Cluster, load_graph, place
@@ -88,11 +88,11 @@ def test_all_stg_graphs_are_used() -> None:
 
 
 @pytest.mark.tf
+@needs_tensorflow
 def test_m_sct_runs_in_a_process_that_imported_tensorflow_first() -> None:
     """A training script imports TensorFlow, then places in-process: GLOP's text-format
     parameters parsed a protobuf and segfaulted there (TensorFlow's protobuf runtime); the
     LP now takes generic solver parameters. In a child, so a crash fails this test only."""
-    pytest.importorskip("tensorflow")
     code = ("import tensorflow\n"
             "import baechi\n"
             f"plan = baechi.place({str(ROOT / 'examples/graphs/gnmt_baechi.json')!r}, {{'devices': {{'count': 4}}}}, 'm-sct')\n"
@@ -104,11 +104,11 @@ def test_m_sct_runs_in_a_process_that_imported_tensorflow_first() -> None:
 
 
 @pytest.mark.tf
+@needs_tensorflow
 def test_place_after_tensorflow_ran_a_step() -> None:
     """Once TensorFlow has run, CP-SAT's solve segfaults in the same process (their native
     runtimes clash): ``place`` then runs in a fresh interpreter and returns the same plan, or
     raises the same error."""
-    pytest.importorskip("tensorflow")
     code = """
 import tensorflow as tf
 import baechi

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import HAVE_TENSORFLOW
 from service_fixtures import needs_redis
 
 pytestmark = pytest.mark.tf
@@ -19,7 +20,8 @@ EXAMPLE = ROOT / "examples" / "keras_end_to_end.py"
 
 
 def run_example(*args: str) -> str:
-    pytest.importorskip("tensorflow")
+    if not HAVE_TENSORFLOW:
+        pytest.skip("TensorFlow is not installed (the tf extra)")
     env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("BAECHI_URL", None)
     done = subprocess.run([sys.executable, str(EXAMPLE), *args], env=env, cwd=ROOT,
