@@ -243,6 +243,18 @@ def single_plan(request: Request) -> Simulation | None:
     return candidate if candidate.estimate.memory_ok else None
 
 
+def single_device_replay(request: Request) -> Simulation | None:
+    """The replay of every op on the fastest device, in memory or not (a start for repair);
+    ``None`` when there is no such plan (pins on two devices, or no device runs every op)."""
+    problem = Problem.of(request.graph, request.cluster, request.units, cost=request.cost)
+    unlimited = dataclasses.replace(problem, budget=[math.inf] * len(problem.budget))
+    try:
+        single = get_algorithm("single")(unlimited)
+    except InfeasiblePlacement:
+        return None
+    return request.replay(single.device_of, single.orders)
+
+
 def unreduced(request: Request) -> Reduction:
     """The reduction that keeps every op (for plans made on the graph itself)."""
     return reduce_graph(request.graph, request.cluster, request.options.without_pipeline())
@@ -293,6 +305,7 @@ __all__ = [
     "over_limit_error",
     "overshoot",
     "run_algorithm",
+    "single_device_replay",
     "single_plan",
     "unreduced",
 ]
