@@ -14,10 +14,11 @@ wins, so ``auto`` is never slower than any candidate it ran):
    use :data:`CANDIDATE_SHARE` of the time left, ``exact`` :data:`EXACT_SHARE`. A candidate
    whose algorithm is not registered (:data:`baechi.algorithms.ALGORITHMS`) is skipped.
 2. Repair (:func:`baechi.repair.repair`) of the refused plans that overshot memory least
-   (:data:`REPAIR_STARTS`), then of the single-device plan when it overshoots (the
-   "cheapest" strategy): units move off the overflowing devices until every device fits.
-   A greedy placer that dead-ends leaves a fast plan over a limit; repaired, it often beats
-   m-fill's memory-first segments.
+   (:data:`REPAIR_STARTS`), and of the plans of :data:`BLIND_STARTS` placed as if memory
+   were unlimited (the "cheapest" strategy; before ``exact``, which may take the time left):
+   units move off the overflowing devices until every device fits. A greedy placer that
+   dead-ends leaves a fast plan over a limit; repaired, it often beats m-fill's
+   memory-first segments.
 3. The single-device plan, when the whole graph fits on one device.
 4. Local search (:func:`baechi.search.improve`) from the best plan, on the unreduced graph's
    units, in slices until :data:`SEARCH_PATIENCE` slices in a row gain less than
@@ -42,6 +43,7 @@ one most likely to fit). The deadline is ``options.time_limit_s`` after the requ
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,14 +57,14 @@ from baechi.placing import (
     Request,
     Run,
     add_seconds,
+    memory_blind_replay,
     overshoot,
     run_algorithm,
-    single_device_replay,
     single_plan,
     unreduced,
 )
 from baechi.plan import Candidate, Chosen
-from baechi.repair import repair
+from baechi.repair import Strategy, repair
 from baechi.search import improve
 from baechi.simulate import Simulation
 
@@ -108,11 +110,19 @@ EXACT_SHARE = 0.75
 #: Refused plans (over memory) that ``auto`` tries to repair, those overshooting least first.
 REPAIR_STARTS = 2
 
-#: The share of the time left that repairing the single-device plan may use (after the
-#: refused plans). Small: it wins where the peak comes from a few blocks (a residual
-#: block's two branches on one device: pipedream_resnet50, PCIe, 75% memory, 706 ms against
-#: 781 ms), while on operator graphs of thousands of ops it rarely reaches a plan at all.
-SINGLE_REPAIR_SHARE = 0.2
+#: Algorithms whose plans, placed as if no device had a memory limit, ``auto`` repairs
+#: (the "cheapest" strategy) under a memory limit, before ``exact`` (which may take the time
+#: left). Such a plan keeps the parallelism that memory-aware choices give up, and its
+#: overshoot is often a few blocks that a few moves fix. Measured at 2 s against ``auto``
+#: without them (bench/results.csv): inceptionv3_training_layer, NVLink, 30%: 388 -> 295 ms
+#: (m-SCT's); pipedream_resnet50, PCIe, 75%: 781 -> 705 ms (the single-device plan).
+BLIND_STARTS = ("single", "m-etf", "m-sct")
+
+#: The share of the time left that one start of :data:`BLIND_STARTS` may use, placing and
+#: repairing. A repair that does not fit memory before its plan is slower than the best so
+#: far gives up early; without that, failing repairs of 0.2 each took 0.8 s of 2 s
+#: (bert_l-6_training_operator, PCIe, 50%) and the search found 326 ms instead of 195 ms.
+BLIND_SHARE = 0.2
 
 #: A step time within this relative distance of the lower bound is optimal.
 OPTIMAL_TOLERANCE = 1e-9
@@ -201,6 +211,27 @@ def place_auto(request: Request) -> Outcome:
     deadline_reached = False
     entries = [e for e in PORTFOLIO if e.algorithm in ALGORITHMS and len(graph) >= e.min_ops
                and (e.max_ops is None or len(graph) <= e.max_ops)]
+    single: Simulation | None = None
+    blind_done = False
+
+    def take(repairs: Iterator[tuple[Simulation | None, Candidate]]) -> None:
+        nonlocal best, seconds
+        for repaired, candidate in repairs:
+            candidates.append(candidate)
+            seconds = add_seconds(seconds, {"repair": candidate.seconds})
+            if repaired is not None and (best is None or repaired.estimate.step_time_us
+                                         < best.simulation.estimate.step_time_us):
+                best = Run("repair", request.options.without_pipeline(), unreduced(request),
+                           repaired)
+
+    def blind() -> None:  # once: before the solver, which may take the time left
+        nonlocal single, blind_done
+        blind_done = True
+        single = single_plan(request)
+        if best is None or not meets_bound(best.simulation, _bound(request, runs)):
+            take(_repairs(request, _blind_starts(request, skip_single=single is not None),
+                          _step_of(best)))
+
     for i, entry in enumerate(entries):
         # the first candidate always runs; past the deadline, only a last resort while
         # there is no plan
@@ -209,6 +240,8 @@ def place_auto(request: Request) -> Outcome:
             continue
         if best is not None and meets_bound(best.simulation, _bound(request, runs)):
             break
+        if entry.algorithm == "exact" and not blind_done:
+            blind()
         report("auto", i / (len(entries) + 2))
         tick = time.perf_counter()
         first = best is None and (not runs or entry.last_resort)
@@ -228,16 +261,12 @@ def place_auto(request: Request) -> Outcome:
             note="" if run.error is None else "no plan within memory"))
         if run.simulation is not None and (best is None or _faster(run, best)):
             best = run
-    single = single_plan(request)
+    if not blind_done and not request.expired():
+        blind()
     if best is None or not meets_bound(best.simulation, _bound(request, runs)):
-        over = single_device_replay(request) if single is None else None
-        for repaired, candidate in _repairs(request, runs, over):
-            candidates.append(candidate)
-            seconds = add_seconds(seconds, {"repair": candidate.seconds})
-            if repaired is not None and (best is None or repaired.estimate.step_time_us
-                                         < best.simulation.estimate.step_time_us):
-                best = Run("repair", request.options.without_pipeline(), unreduced(request),
-                           repaired)
+        take(_repairs(request, _refused_starts(request, runs), _step_of(best)))
+    if not blind_done:
+        single = single_plan(request)
     if single is not None:
         candidates.append(Candidate(algorithm="single", step_time_us=single.estimate.step_time_us))
         if best is None or single.estimate.step_time_us < best.simulation.estimate.step_time_us:
@@ -323,34 +352,69 @@ def _run_entry(request: Request, entry: Entry, runs: list[Run], *, first: bool =
     return run_algorithm(request, entry.algorithm, options, hint=hint, first=first)
 
 
-def _repairs(request: Request, runs: list[Run], single: Simulation | None
-             ) -> Iterator[tuple[Simulation | None, Candidate]]:
-    """Repair (:func:`baechi.repair.repair`) the refused plans that overshot least, at most
-    :data:`REPAIR_STARTS` of them, each with a share of the time left, then the
-    single-device plan when it overshoots (:data:`SINGLE_REPAIR_SHARE`); yields each result
-    (``None`` when it did not reach a plan within memory) and its candidate entry."""
+#: A start for repair: the plan (or the algorithm that places it as if memory were
+#: unlimited), its label, whether the pipeline made it, its share of the time left, and the
+#: repair strategy.
+RepairStart = tuple[Simulation | str, str, bool, float, Strategy]
+
+
+def _refused_starts(request: Request, runs: list[Run]) -> list[RepairStart]:
+    """The refused plans that overshot least, at most :data:`REPAIR_STARTS`, "largest"."""
     refused = sorted((r for r in runs if r.refused is not None),
                      key=lambda r: sum(overshoot(r.refused, request.cluster).values()))
-    starts = [(r.refused, r.pipeline, f"{r.algorithm}'s plan", CANDIDATE_SHARE, "largest")
-              for r in refused[:REPAIR_STARTS] if r.refused is not None]
-    if single is not None and not single.estimate.memory_ok:
-        starts.append((single, False, "the single-device plan", SINGLE_REPAIR_SHARE, "cheapest"))
-    for start, pipeline, label, share, strategy in starts:
+    return [(r.refused, f"{r.algorithm}'s plan", r.pipeline, CANDIDATE_SHARE, "largest")
+            for r in refused[:REPAIR_STARTS] if r.refused is not None]
+
+
+def _blind_starts(request: Request, *, skip_single: bool) -> list[RepairStart]:
+    """:data:`BLIND_STARTS` to place as if memory were unlimited, "cheapest" (none when no
+    device has a memory limit; the single-device plan not when it fits)."""
+    if all(d.memory_bytes is None for d in request.cluster.devices):
+        return []
+    return [(a, f"{a}'s plan placed as if memory were unlimited", False, BLIND_SHARE,
+             "cheapest")
+            for a in BLIND_STARTS if a in ALGORITHMS
+            and not (a == "single" and skip_single)
+            and not (a == "m-sct" and len(request.graph) > SCT_MAX_OPS)]
+
+
+def _repairs(request: Request, starts: list[RepairStart], give_up_us: float
+             ) -> Iterator[tuple[Simulation | None, Candidate]]:
+    """Repair (:func:`baechi.repair.repair`) each start within its share of the time left;
+    a start given as an algorithm is placed first. A repair gives up once its plan is no
+    faster than ``give_up_us`` (the best plan so far: it would not be taken). Yields each
+    result (``None`` when it did not reach a faster plan within memory) and its candidate
+    entry."""
+    for start, label, pipeline, share, strategy in starts:
         if request.expired():
             return
         tick = time.perf_counter()
-        fixed = repair(request.graph, request.cluster, start.device_of, start.orders,
-                       units=request.units, cost=request.cost, strategy=strategy,
-                       deadline=time.perf_counter() + share * request.seconds_left())
-        simulation = None if fixed is None else request.replay(*fixed)
-        if simulation is not None and not simulation.estimate.memory_ok:
-            simulation = None  # the judge disagrees: never return it
+        deadline = tick + share * request.seconds_left()
+        if isinstance(start, str):
+            placed = memory_blind_replay(dataclasses.replace(request, deadline=deadline), start)
+            if placed is None:
+                continue
+            start = placed
+        simulation: Simulation | None = start  # a blind plan may fit as it is
+        if not start.estimate.memory_ok:
+            fixed = repair(request.graph, request.cluster, start.device_of, start.orders,
+                           units=request.units, cost=request.cost, strategy=strategy,
+                           deadline=deadline, give_up_us=give_up_us)
+            simulation = None if fixed is None else request.replay(*fixed)
+            if simulation is not None and not simulation.estimate.memory_ok:
+                simulation = None  # the judge disagrees: never return it
         yield simulation, Candidate(
             algorithm="repair", pipeline=pipeline,
             step_time_us=None if simulation is None else simulation.estimate.step_time_us,
             seconds=time.perf_counter() - tick,
-            note=f"from {label} over memory"
-                 + ("" if simulation is not None else "; no plan within memory"))
+            note=f"from {label}" + ("" if start.estimate.memory_ok else ", over memory")
+                 + ("" if simulation is not None else "; no faster plan within memory"))
+
+
+def _step_of(run: Run | None) -> float:
+    """The step time of ``run``'s plan; infinite without one."""
+    return math.inf if run is None or run.simulation is None else \
+        run.simulation.estimate.step_time_us
 
 
 def _faster(run: Run, best: Run) -> bool:

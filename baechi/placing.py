@@ -243,16 +243,19 @@ def single_plan(request: Request) -> Simulation | None:
     return candidate if candidate.estimate.memory_ok else None
 
 
-def single_device_replay(request: Request) -> Simulation | None:
-    """The replay of every op on the fastest device, in memory or not (a start for repair);
-    ``None`` when there is no such plan (pins on two devices, or no device runs every op)."""
-    problem = Problem.of(request.graph, request.cluster, request.units, cost=request.cost)
-    unlimited = dataclasses.replace(problem, budget=[math.inf] * len(problem.budget))
+def memory_blind_replay(request: Request, algorithm: str) -> Simulation | None:
+    """The replay of ``algorithm``'s plan of the graph itself placed as if no device had a
+    memory limit, in memory or not: a start for repair that keeps the parallelism memory-aware
+    choices give up. ``None`` when the algorithm finds no plan (for ``single``: pins on two
+    devices, or no device runs every op) or the deadline passed."""
+    problem = Problem.of(request.graph, request.cluster, request.units, cost=request.cost,
+                         deadline=request.deadline, time_limit_s=max(0.0, request.seconds_left()))
+    blind = dataclasses.replace(problem, budget=[math.inf] * len(problem.budget))
     try:
-        single = get_algorithm("single")(unlimited)
+        assignment = get_algorithm(algorithm)(blind)
     except InfeasiblePlacement:
         return None
-    return request.replay(single.device_of, single.orders)
+    return request.replay(assignment.device_of, assignment.orders)
 
 
 def unreduced(request: Request) -> Reduction:
@@ -302,10 +305,10 @@ __all__ = [
     "Run",
     "add_seconds",
     "graph_needs",
+    "memory_blind_replay",
     "over_limit_error",
     "overshoot",
     "run_algorithm",
-    "single_device_replay",
     "single_plan",
     "unreduced",
 ]

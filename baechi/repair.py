@@ -42,6 +42,7 @@ Examples
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Literal
 
@@ -54,6 +55,9 @@ from baechi.graph import Graph
 from baechi.grouping import Units
 from baechi.simulate import Simulation, replay
 
+#: How :func:`repair` chooses each step's move (see the module docstring).
+Strategy = Literal["largest", "cheapest"]
+
 #: Units of the most overflowing device tried per step (the ones holding the most bytes).
 UNITS_PER_STEP = 6
 
@@ -64,7 +68,7 @@ TARGETS_PER_STEP = 3
 def repair(
     graph: Graph, cluster: Cluster, device_of: list[int], orders: list[list[int]], *,
     units: Units, deadline: float, cost: CostModel | None = None,
-    strategy: Literal["largest", "cheapest"] = "largest",
+    strategy: Strategy = "largest", give_up_us: float = math.inf,
 ) -> tuple[list[int], list[list[int]]] | None:
     """Move units until every device's simulated peak fits its memory.
 
@@ -82,6 +86,10 @@ def repair(
         The request's cost model (built when not given).
     strategy
         How each step's move is chosen (see the module docstring).
+    give_up_us
+        Stop (``None``) once the plan being repaired is no faster than this, and cut short
+        candidates that cannot beat it: a caller that keeps only a faster plan than one it
+        has passes that plan's step time.
 
     Returns
     -------
@@ -96,6 +104,8 @@ def repair(
     weight = [memory_proxy(graph, members) for members in units.members]
     allowed = [cost.devices_for(members) for members in units.members]
     while _excess(current, limits) > 0 and time.perf_counter() < deadline:
+        if current.step_us >= give_up_us:
+            return None
         over = [(current.peaks[d] - limit, d) for d, limit in enumerate(limits)  # type: ignore[index]
                 if limit is not None]
         _, source = max(over)
@@ -120,7 +130,8 @@ def repair(
                     moved = list(current.device_of)
                     for op in units.members[unit]:
                         moved[op] = target
-                    candidate = evaluator.run(moved, _orders(rank, moved, len(limits)))
+                    candidate = evaluator.run(moved, _orders(rank, moved, len(limits)),
+                                              bound=give_up_us)
                     if candidate is not None and accept(candidate, current, limits) and (
                             best is None or better(candidate, best, limits)):
                         best = candidate
@@ -206,4 +217,4 @@ def _orders(rank: list[int], device_of: list[int], n_dev: int) -> list[list[int]
     return orders
 
 
-__all__ = ["repair", "units_at_peak"]
+__all__ = ["Strategy", "repair", "units_at_peak"]

@@ -15,7 +15,11 @@ from hypothesis import strategies as st
 from test_algorithms import clusters, dags
 
 from baechi import Cluster, InfeasiblePlacement, load_graph, place
+from baechi.algorithms.base import no_progress
+from baechi.auto import _blind_starts
 from baechi.grouping import colocation_units
+from baechi.options import Options
+from baechi.placing import Request
 from baechi.repair import repair, units_at_peak
 from baechi.simulate import check_constraints, check_orders, replay, single_device_run
 
@@ -138,28 +142,46 @@ def test_auto_repairs_where_every_named_algorithm_fails() -> None:
                for c in plan.stats.candidates)
 
 
+#: (graph path under ../shared/graphs, network, memory as a share of the single-device peak,
+#: the plan auto repairs): settings where a plan placed as if memory were unlimited,
+#: repaired, beats every named algorithm (bench/run.py's clusters).
+BLIND_CASES = [
+    ("pipedream/pipedream_resnet50.json", {"latency_us": 134, "bandwidth_gbps": 5.7}, 0.75,
+     "single"),  # 706 ms against m-SCT's 895: a few ops of three residual blocks move
+    ("dnn-partitioning/throughput-inputs/inceptionv3_training_layer.json",
+     {"latency_us": 10, "bandwidth_gbps": 150}, 0.3, "m-sct"),  # 304 against m-SCT's 392 ms
+]
+
+
 @pytest.mark.shared
-def test_auto_repairs_the_single_device_plan() -> None:
-    """PipeDream ResNet-50 at 75% of its single-device peak (PCIe): one device holds the
-    whole step but for its first residual blocks; repairing the single-device plan moves a
-    few ops of those blocks and beats every named algorithm's plan (706 against m-SCT's
-    895 ms)."""
-    path = PIPEDREAM / "pipedream_resnet50.json"
+@pytest.mark.parametrize(("name", "network", "share", "blind"), BLIND_CASES)
+def test_auto_repairs_a_plan_placed_as_if_memory_were_unlimited(
+        name: str, network: dict, share: float, blind: str) -> None:
+    path = PIPEDREAM.parent / name
     if not path.exists():
         pytest.skip(f"{path} is absent (the shared graphs)")
     graph = load_graph(json.loads(path.read_text()))
     peak = single_device_run(graph, Cluster.uniform(1))[1]
-    cluster = {"devices": {"count": 4, "memory_bytes": int(peak * 0.75)},
-               "network": {"latency_us": 134, "bandwidth_gbps": 5.7}}
+    cluster = {"devices": {"count": 4, "memory_bytes": int(peak * share)}, "network": network}
     named = []
     for algorithm in ("m-topo", "m-etf", "m-sct", "m-fill"):
         for pipeline in (True, False):
             options = {"co_placement": pipeline, "fusion": pipeline, "allow_single": False}
             with contextlib.suppress(InfeasiblePlacement):
                 named.append(place(graph, cluster, algorithm, options).estimate.step_time_us)
-    plan = place(graph, cluster, "auto", {"time_limit_s": 10})
-    repaired = [c for c in plan.stats.candidates
-                if c.algorithm == "repair" and "single-device" in c.note]
+    plan = place(graph, cluster, "auto", {"time_limit_s": 5})
+    repaired = [c for c in plan.stats.candidates if c.algorithm == "repair"
+                and c.note.startswith(f"from {blind}'s plan placed as if memory were unlimited")]
     assert len(repaired) == 1 and repaired[0].step_time_us is not None
     assert repaired[0].step_time_us < min(named)
     assert plan.estimate.memory_ok and plan.estimate.step_time_us <= repaired[0].step_time_us
+
+
+def test_no_blind_starts_without_a_memory_limit() -> None:
+    doc = residual_block()
+    request_of = {}
+    for devices in ({"count": 2}, {"count": 2, "memory_bytes": 800}):
+        graph, cluster = load_graph(doc), Cluster.parse({"devices": devices})
+        request_of[len(devices)] = Request.of(graph, cluster, Options(), 0.0, no_progress)
+    assert _blind_starts(request_of[1], skip_single=False) == []
+    assert [s[0] for s in _blind_starts(request_of[2], skip_single=True)] == ["m-etf", "m-sct"]
