@@ -38,6 +38,11 @@ def test_readme_main_job_places_the_bundled_graph(tmp_path: Path) -> None:
     assert plan["estimate"]["step_time_us"] < first["step_time_us"]
     assert plan["stats"]["chosen"]["algorithm"] in {c["algorithm"] for c in
                                                     plan["stats"]["candidates"]}
+    # with time left, local search restarts from the next fastest plan (auto.SEARCH_RESTARTS)
+    restarts = [c for c in plan["stats"]["candidates"]
+                if c["algorithm"] == "local-search" and c["note"].startswith("from ")]
+    assert len(restarts) == 1 and plan["estimate"]["step_time_us"] <= min(
+        c["step_time_us"] for c in plan["stats"]["candidates"] if c["step_time_us"])
     assert plan["format"] == "baechi.plan/v1" and len(plan["placement"]) == 2494
     # 768 MiB is below GNMT's single-device peak: the plan must use several devices
     assert len(set(plan["placement"].values())) > 1 and plan["estimate"]["memory_ok"]
