@@ -124,13 +124,17 @@ REPAIR_STARTS = 2
 #: overshoot is often a few blocks that a few moves fix. Measured at 2 s against ``auto``
 #: without them (bench/results.csv): inceptionv3_training_layer, NVLink, 30%: 388 -> 295 ms
 #: (m-SCT's); pipedream_resnet50, PCIe, 75%: 781 -> 705 ms (the single-device plan).
-BLIND_STARTS = ("single", "m-etf", "m-sct")
+#: The cheap single-device plan last: it needs little time to win where it wins.
+BLIND_STARTS = ("m-sct", "m-etf", "single")
 
-#: The share of the time left that one start of :data:`BLIND_STARTS` may use, placing and
-#: repairing. A repair that does not fit memory before its plan is slower than the best so
-#: far gives up early; without that, failing repairs of 0.2 each took 0.8 s of 2 s
-#: (bert_l-6_training_operator, PCIe, 50%) and the search found 326 ms instead of 195 ms.
-BLIND_SHARE = 0.2
+#: The share of the time left that the starts of :data:`BLIND_STARTS` may use together,
+#: placing and repairing (each an equal part of the time left when it starts). A repair
+#: that does not fit memory before its plan is slower than the best so far gives up early.
+#: Where repairs fail they use all of it, which ``exact`` and the search then lack (at 0.6:
+#: bert_l-12_training_operator, PCIe, suggested memory, lost 0.75 s of 2 s to three failed
+#: repairs); at 0.3 the repairs of inceptionv3_training_layer (NVLink, 30%), 0.17 s each,
+#: ran out of time (388 ms instead of 295 ms).
+BLIND_SHARE = 0.45
 
 #: A step time within this relative distance of the lower bound is optimal.
 OPTIMAL_TOLERANCE = 1e-9
@@ -222,6 +226,7 @@ def place_auto(request: Request) -> Outcome:
     single: Simulation | None = None
     blind_done = False
     repaired_runs: list[Run] = []
+    repaired: set[int] = set()  # ids of the runs whose refused plans were repaired
 
     def take(repairs: Iterator[tuple[Simulation | None, Candidate]]) -> None:
         nonlocal best, seconds
@@ -239,6 +244,8 @@ def place_auto(request: Request) -> Outcome:
         nonlocal single, blind_done
         blind_done = True
         single = single_plan(request)
+        if best is None:  # a plan within memory first: the refused plans are closest to one
+            take(_repairs(request, _refused_starts(request, runs, repaired), _step_of(best)))
         if best is None or not meets_bound(best.simulation, _bound(request, runs)):
             take(_repairs(request, _blind_starts(request, skip_single=single is not None),
                           _step_of(best)))
@@ -275,7 +282,7 @@ def place_auto(request: Request) -> Outcome:
     if not blind_done and not request.expired():
         blind()
     if best is None or not meets_bound(best.simulation, _bound(request, runs)):
-        take(_repairs(request, _refused_starts(request, runs), _step_of(best)))
+        take(_repairs(request, _refused_starts(request, runs, repaired), _step_of(best)))
     if not blind_done:
         single = single_plan(request)
     if single is not None:
@@ -386,12 +393,16 @@ def _run_entry(request: Request, entry: Entry, runs: list[Run], *, first: bool =
 RepairStart = tuple[Simulation | str, str, bool, float, Strategy]
 
 
-def _refused_starts(request: Request, runs: list[Run]) -> list[RepairStart]:
-    """The refused plans that overshot least, at most :data:`REPAIR_STARTS`, "largest"."""
-    refused = sorted((r for r in runs if r.refused is not None),
+def _refused_starts(request: Request, runs: list[Run], repaired: set[int]
+                    ) -> list[RepairStart]:
+    """The refused plans that overshot least, "largest": at most :data:`REPAIR_STARTS` in
+    all, none twice (``repaired``: ids of the runs already taken, updated)."""
+    refused = sorted((r for r in runs if r.refused is not None and id(r) not in repaired),
                      key=lambda r: sum(overshoot(r.refused, request.cluster).values()))
+    chosen = refused[:max(0, REPAIR_STARTS - len(repaired))]
+    repaired.update(id(r) for r in chosen)
     return [(r.refused, f"{r.algorithm}'s plan", r.pipeline, CANDIDATE_SHARE, "largest")
-            for r in refused[:REPAIR_STARTS] if r.refused is not None]
+            for r in chosen if r.refused is not None]
 
 
 def _blind_starts(request: Request, *, skip_single: bool) -> list[RepairStart]:
@@ -399,11 +410,11 @@ def _blind_starts(request: Request, *, skip_single: bool) -> list[RepairStart]:
     device has a memory limit; the single-device plan not when it fits)."""
     if all(d.memory_bytes is None for d in request.cluster.devices):
         return []
-    return [(a, f"{a}'s plan placed as if memory were unlimited", False, BLIND_SHARE,
-             "cheapest")
-            for a in BLIND_STARTS if a in ALGORITHMS
-            and not (a == "single" and skip_single)
-            and not (a == "m-sct" and len(request.graph) > SCT_MAX_OPS)]
+    algorithms = [a for a in BLIND_STARTS if a in ALGORITHMS
+                  and not (a == "single" and skip_single)
+                  and not (a == "m-sct" and len(request.graph) > SCT_MAX_OPS)]
+    return [(a, f"{a}'s plan placed as if memory were unlimited", False,
+             BLIND_SHARE / len(algorithms), "cheapest") for a in algorithms]
 
 
 def _repairs(request: Request, starts: list[RepairStart], give_up_us: float

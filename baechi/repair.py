@@ -11,14 +11,15 @@ helps, or the deadline passes. Two strategies choose the step:
   (:func:`~baechi.costmodel.memory_proxy`: persistent + outputs + largest temp), each to the
   :data:`TARGETS_PER_STEP` other devices with the most room where all its ops can run, the
   move that lowers the total overshoot most, then the shortest step.
-- **"cheapest"** (for the single-device plan, over by whole blocks): the candidates are the
-  units that hold or keep bytes on that device at its peak instant (:func:`units_at_peak`),
-  heaviest first (else, when none of their moves lowers the overshoot, the heaviest units:
-  persistent bytes count all step); of the moves that lower the overshoot, the one with the
-  shortest step. From the single-device plan of pipedream_resnet50 (PCIe, 75% memory) it
-  reaches 706 ms where "largest" reaches 955 ms (869 ms with the held units as candidates);
-  from the refused greedy plans of the benchmark it was worse in 3 settings of 174 (up to
-  9%: resnet50_inference_operator, PCIe, 30%).
+- **"cheapest"** (for plans placed as if memory were unlimited, over by whole blocks): the
+  candidates are the units that hold or keep bytes on that device at its peak instant
+  (:func:`units_at_peak`), heaviest first (else, when none of their moves lowers the
+  overshoot, the heaviest units: persistent bytes count all step); of the moves that lower
+  the overshoot, the one with the shortest step. From the single-device plan of
+  pipedream_resnet50 (PCIe, 75% memory) it reaches 706 ms where "largest" reaches 955 ms
+  (869 ms with the held units as candidates); from the refused greedy plans of the
+  benchmark it was worse in 3 settings of 174 (up to 9%: resnet50_inference_operator, PCIe,
+  30%).
 
 Both keep, for every candidate, one linear order of all ops, the current schedule's (start
 time, then canonical position): each device's order is its subsequence, so orders stay

@@ -16,7 +16,7 @@ from test_algorithms import clusters, dags
 
 from baechi import Cluster, InfeasiblePlacement, load_graph, place
 from baechi.algorithms.base import no_progress
-from baechi.auto import _blind_starts
+from baechi.auto import BLIND_SHARE, _blind_starts
 from baechi.grouping import colocation_units
 from baechi.options import Options
 from baechi.placing import Request
@@ -184,4 +184,6 @@ def test_no_blind_starts_without_a_memory_limit() -> None:
         graph, cluster = load_graph(doc), Cluster.parse({"devices": devices})
         request_of[len(devices)] = Request.of(graph, cluster, Options(), 0.0, no_progress)
     assert _blind_starts(request_of[1], skip_single=False) == []
-    assert [s[0] for s in _blind_starts(request_of[2], skip_single=True)] == ["m-etf", "m-sct"]
+    starts = _blind_starts(request_of[2], skip_single=True)
+    assert [s[0] for s in starts] == ["m-sct", "m-etf"]  # the single-device plan fits
+    assert sum(s[3] for s in starts) == pytest.approx(BLIND_SHARE)
