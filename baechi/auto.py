@@ -226,18 +226,18 @@ def place_auto(request: Request) -> Outcome:
     single: Simulation | None = None
     blind_done = False
     repaired_runs: list[Run] = []
-    repaired: set[int] = set()  # ids of the runs whose refused plans were repaired
+    repaired_ids: set[int] = set()  # ids of the runs whose refused plans were repaired
 
     def take(repairs: Iterator[tuple[Simulation | None, Candidate]]) -> None:
         nonlocal best, seconds
-        for repaired, candidate in repairs:
+        for fixed, candidate in repairs:
             candidates.append(candidate)
             seconds = add_seconds(seconds, {"repair": candidate.seconds})
-            if repaired is None:
+            if fixed is None:
                 continue
-            run = Run("repair", request.options.without_pipeline(), unreduced(request), repaired)
+            run = Run("repair", request.options.without_pipeline(), unreduced(request), fixed)
             repaired_runs.append(run)
-            if best is None or repaired.estimate.step_time_us < _step_of(best):
+            if best is None or fixed.estimate.step_time_us < _step_of(best):
                 best = run
 
     def blind() -> None:  # once: before the solver, which may take the time left
@@ -245,7 +245,7 @@ def place_auto(request: Request) -> Outcome:
         blind_done = True
         single = single_plan(request)
         if best is None:  # a plan within memory first: the refused plans are closest to one
-            take(_repairs(request, _refused_starts(request, runs, repaired), _step_of(best)))
+            take(_repairs(request, _refused_starts(request, runs, repaired_ids), _step_of(best)))
         if best is None or not meets_bound(best.simulation, _bound(request, runs)):
             take(_repairs(request, _blind_starts(request, skip_single=single is not None),
                           _step_of(best)))
@@ -282,7 +282,7 @@ def place_auto(request: Request) -> Outcome:
     if not blind_done and not request.expired():
         blind()
     if best is None or not meets_bound(best.simulation, _bound(request, runs)):
-        take(_repairs(request, _refused_starts(request, runs, repaired), _step_of(best)))
+        take(_repairs(request, _refused_starts(request, runs, repaired_ids), _step_of(best)))
     if not blind_done:
         single = single_plan(request)
     if single is not None:
