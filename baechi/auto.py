@@ -63,7 +63,6 @@ from baechi.placing import (
     overshoot,
     run_algorithm,
     single_plan,
-    unreduced,
 )
 from baechi.plan import Candidate, Chosen
 from baechi.repair import Strategy, repair
@@ -235,7 +234,7 @@ def place_auto(request: Request) -> Outcome:
             seconds = add_seconds(seconds, {"repair": candidate.seconds})
             if fixed is None:
                 continue
-            run = Run("repair", request.options.without_pipeline(), unreduced(request), fixed)
+            run = Run("repair", request.options.without_pipeline(), request.unreduced, fixed)
             repaired_runs.append(run)
             if best is None or fixed.estimate.step_time_us < _step_of(best):
                 best = run
@@ -288,7 +287,7 @@ def place_auto(request: Request) -> Outcome:
     if single is not None:
         candidates.append(Candidate(algorithm="single", step_time_us=single.estimate.step_time_us))
         if best is None or single.estimate.step_time_us < best.simulation.estimate.step_time_us:
-            best = Run("single", request.options.without_pipeline(), unreduced(request), single)
+            best = Run("single", request.options.without_pipeline(), request.unreduced, single)
     if best is None:
         errors = [r.error for r in runs if r.error is not None]
         # the first candidate's reason, unless it only says that time ran out

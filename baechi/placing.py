@@ -91,6 +91,12 @@ class Request:
         or pins force included (:func:`baechi.bounds.step_bound_us`). Computed once."""
         return step_bound_us(self.graph, self.cluster, self.units, self.cost)
 
+    @functools.cached_property
+    def unreduced(self) -> Reduction:
+        """The reduction that keeps every op (for plans made on the graph itself). Computed
+        once."""
+        return reduce_graph(self.graph, self.cluster, self.options.without_pipeline())
+
     def replay(self, device_of: list[int], orders: list[list[int]]) -> Simulation:
         """The simulator's replay of a plan of this request's graph (the judge)."""
         return replay(self.graph, self.cluster, device_of, orders, self.cost)
@@ -258,11 +264,6 @@ def memory_blind_replay(request: Request, algorithm: str) -> Simulation | None:
     return request.replay(assignment.device_of, assignment.orders)
 
 
-def unreduced(request: Request) -> Reduction:
-    """The reduction that keeps every op (for plans made on the graph itself)."""
-    return reduce_graph(request.graph, request.cluster, request.options.without_pipeline())
-
-
 def overshoot(simulation: Simulation, cluster: Cluster) -> dict[int, int]:
     """Device index → bytes over its limit, for devices whose simulated peak exceeds it."""
     over = {}
@@ -310,5 +311,4 @@ __all__ = [
     "overshoot",
     "run_algorithm",
     "single_plan",
-    "unreduced",
 ]
