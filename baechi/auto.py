@@ -302,6 +302,7 @@ def place_auto(request: Request) -> Outcome:
     # again from the other start than its first run's, then from the best plan each time a
     # round found a faster one
     rounds: list[tuple[Entry, bool] | None] = [None, *((e, not e.hinted) for e in solver_entries)]
+    search_starts: set[int] = set()  # ids of the plans local search started from
     while rounds and not meets_bound(simulation, bound_us) and not request.expired():
         task = rounds.pop(0)
         if task is not None:
@@ -325,6 +326,7 @@ def place_auto(request: Request) -> Outcome:
             chosen = Chosen(algorithm=run.algorithm, pipeline=run.pipeline)
             if run.algorithm_stats.get("solver_status") != "OPTIMAL":
                 rounds.append((entry, True))
+        search_starts.add(id(simulation))
         searched, search = _search(request, simulation)
         if search is not None:
             candidates.append(search)
@@ -333,9 +335,10 @@ def place_auto(request: Request) -> Outcome:
                 chosen = chosen.model_copy(update={"local_search": True})
                 simulation = searched
     # time left: local search again from the next fastest plans, whose result can beat the
-    # first search's (it depends on its start)
+    # first search's (it depends on its start); never from a plan it already started from
     restarts = sorted((r for r in [*runs, *repaired_runs]
-                       if r.simulation is not None and r is not best), key=_step_of)
+                       if r.simulation is not None and id(r.simulation) not in search_starts),
+                      key=_step_of)
     for run in restarts[:SEARCH_RESTARTS]:
         if request.expired() or meets_bound(simulation, bound_us):
             break
