@@ -10,7 +10,8 @@ wins, so ``auto`` is never slower than any candidate it ran):
    LP grows super-linearly), and ``exact`` (CP-SAT, at most :data:`EXACT_MAX_S` seconds): on
    the graph itself when it has at most :data:`~baechi.algorithms.exact.EXACT_MAX_OPS` ops,
    else on graphs the pipeline reduces to :data:`EXACT_MAX_NODES` nodes or fewer; from its
-   own start (m-ETF's plan), as ``exact`` alone starts. Each candidate after the first may
+   own start (m-ETF's plan, or m-fill's when m-ETF's overshoots memory), as ``exact`` alone
+   starts. Each candidate after the first may
    use :data:`CANDIDATE_SHARE` of the time left, ``exact`` :data:`EXACT_SHARE`. A candidate
    whose algorithm is not registered (:data:`baechi.algorithms.ALGORITHMS`) is skipped.
 2. Repair (:func:`baechi.repair.repair`) of the refused plans that overshot memory least
