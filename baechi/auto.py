@@ -110,9 +110,10 @@ CANDIDATE_SHARE = 0.5
 EXACT_SHARE = 0.75
 
 #: With time left after the rounds, local search runs again from this many of the next
-#: fastest plans found (the first search's start excluded): where it stagnates, its result
-#: depends on its start. README's GNMT job (768 MiB, PCIe): from the single-device plan
-#: repaired, 116.7 -> 116.6 ms; from m-fill's plan, 117.8 -> 113.7 ms.
+#: fastest plans found (any plan it already started from excluded, equal plans of two runs
+#: included): where it stagnates, its result depends on its start. README's GNMT job
+#: (768 MiB, PCIe): from the single-device plan repaired, 116.7 -> 116.6 ms; from m-fill's
+#: plan, 117.8 -> 113.7 ms. At 3 that job took 6-9 s instead of 4.5 s for no faster plan.
 SEARCH_RESTARTS = 1
 
 #: Refused plans (over memory) that ``auto`` tries to repair, those overshooting least first.
@@ -303,7 +304,7 @@ def place_auto(request: Request) -> Outcome:
     # again from the other start than its first run's, then from the best plan each time a
     # round found a faster one
     rounds: list[tuple[Entry, bool] | None] = [None, *((e, not e.hinted) for e in solver_entries)]
-    search_starts: set[int] = set()  # ids of the plans local search started from
+    search_starts: set[int] = set()  # signatures of the plans local search started from
     while rounds and not meets_bound(simulation, bound_us) and not request.expired():
         task = rounds.pop(0)
         if task is not None:
@@ -327,7 +328,7 @@ def place_auto(request: Request) -> Outcome:
             chosen = Chosen(algorithm=run.algorithm, pipeline=run.pipeline)
             if run.algorithm_stats.get("solver_status") != "OPTIMAL":
                 rounds.append((entry, True))
-        search_starts.add(id(simulation))
+        search_starts.add(_signature(simulation))
         searched, search = _search(request, simulation)
         if search is not None:
             candidates.append(search)
@@ -336,11 +337,8 @@ def place_auto(request: Request) -> Outcome:
                 chosen = chosen.model_copy(update={"local_search": True})
                 simulation = searched
     # time left: local search again from the next fastest plans, whose result can beat the
-    # first search's (it depends on its start); never from a plan it already started from
-    restarts = sorted((r for r in [*runs, *repaired_runs]
-                       if r.simulation is not None and id(r.simulation) not in search_starts),
-                      key=_step_of)
-    for run in restarts[:SEARCH_RESTARTS]:
+    # first search's (it depends on its start)
+    for run in _restarts([*runs, *repaired_runs], search_starts):
         if request.expired() or meets_bound(simulation, bound_us):
             break
         assert run.simulation is not None
@@ -457,6 +455,28 @@ def _step_of(run: Run | None) -> float:
     """The step time of ``run``'s plan; infinite without one."""
     return math.inf if run is None or run.simulation is None else \
         run.simulation.estimate.step_time_us
+
+
+def _restarts(runs: list[Run], searched: set[int]) -> list[Run]:
+    """The runs local search restarts from: the :data:`SEARCH_RESTARTS` fastest whose plans
+    it has not started from (``searched``: their signatures, updated), one run per plan (a
+    repair that needed no move, or a reduction that fused nothing, gives another run's plan).
+    """
+    chosen = []
+    for run in sorted((r for r in runs if r.simulation is not None), key=_step_of):
+        assert run.simulation is not None
+        signature = _signature(run.simulation)
+        if len(chosen) == SEARCH_RESTARTS:
+            break
+        if signature not in searched:
+            searched.add(signature)
+            chosen.append(run)
+    return chosen
+
+
+def _signature(simulation: Simulation) -> int:
+    """A hash of a plan (placement and orders): equal plans, equal signatures."""
+    return hash((tuple(simulation.device_of), tuple(map(tuple, simulation.orders))))
 
 
 def _faster(run: Run, best: Run) -> bool:

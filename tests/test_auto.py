@@ -14,13 +14,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_algorithms import check_plan, clusters, dags
 
-from baechi import Cluster, InfeasiblePlacement, load_graph, place, simulate
+from baechi import Cluster, InfeasiblePlacement, auto, load_graph, place, simulate
 from baechi.algorithms import ALGORITHMS
 from baechi.algorithms.base import Problem
 from baechi.auto import PORTFOLIO
 from baechi.defaults import DEFAULT_ALGORITHM
 from baechi.grouping import colocation_units
-from baechi.simulate import single_device_run
+from baechi.options import Options
+from baechi.placing import Run
+from baechi.simulate import replay, single_device_run
 
 ROOT = Path(__file__).resolve().parents[1]
 GNMT = ROOT / "examples" / "graphs" / "gnmt_baechi.json"  # bundled: the test never skips
@@ -241,3 +243,28 @@ def test_time_left_goes_to_the_solver_again(monkeypatch: pytest.MonkeyPatch) -> 
     steps = [c.step_time_us for c in plan.stats.candidates if c.step_time_us is not None]
     assert plan.stats.fifo_step_time_us <= min(steps)
     assert simulate(case.graph, plan).step_time_us == plan.estimate.step_time_us
+
+
+def test_restarts_skip_plans_already_searched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs with the same plan (a repair that needed no move gives m-ETF's) are one
+    restart; a plan local search started from is none; the fastest come first."""
+    monkeypatch.setattr(auto, "SEARCH_RESTARTS", 3)
+    graph = load_graph(graph_doc([op("a", 4), op("b", 3), op("c", 2)],
+                                 [edge("a", "b", 8), edge("a", "c", 8)]))
+    cluster = Cluster.uniform(2, latency_us=1)
+
+    def run(name: str, device_of: list[int]) -> Run:
+        orders = [[v for v in (0, 1, 2) if device_of[v] == d] for d in (0, 1)]
+        return Run(name, Options(), None, replay(graph, cluster, device_of, orders))
+
+    same, twin, split, other = (run("m-etf", [0, 0, 0]), run("repair", [0, 0, 0]),
+                                run("m-sct", [0, 0, 1]), run("m-fill", [0, 1, 1]))
+    searched = {auto._signature(other.simulation)}
+    chosen = auto._restarts([split, twin, same, other], searched)
+    assert chosen == sorted([split, twin], key=_step)  # not ``same``: ``twin``'s plan
+    assert len(searched) == 3  # the restarts are marked searched
+
+
+def _step(run: Run) -> float:
+    assert run.simulation is not None
+    return run.simulation.estimate.step_time_us
