@@ -26,9 +26,10 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -76,11 +77,10 @@ def single_peak(doc: dict[str, Any]) -> int:
     return single_device_run(load_graph(doc), Cluster.uniform(1))[1]
 
 
-def run_graph(path: str, quick: bool) -> list[dict[str, Any]]:
-    from baechi import InfeasiblePlacement, place
-
-    doc = json.loads(Path(path).read_text())
-    peak = single_peak(doc)
+def settings(doc: dict[str, Any], peak: int) -> Iterator[Setting]:
+    """Every setting a graph is placed on: each network, memory unlimited and at each of
+    :data:`FRACTIONS` of the single-device ``peak`` on :data:`DEVICES` devices, and the
+    source's suggested memory on its suggested device count."""
     memories: list[tuple[str, int | None]] = [
         ("unlimited" if f is None else f"{int(f * 100)}%", None if f is None else int(peak * f))
         for f in FRACTIONS
@@ -88,54 +88,73 @@ def run_graph(path: str, quick: bool) -> list[dict[str, Any]]:
     meta = doc.get("meta", {})
     if meta.get("suggested_memory_bytes"):
         memories.append(("suggested", int(meta["suggested_memory_bytes"])))
-    rows = []
     for net_name, network in NETWORKS.items():
         for mem_name, memory in memories:
             count = meta.get("suggested_devices", DEVICES) if mem_name == "suggested" else DEVICES
             devices: dict[str, Any] = {"count": count}
             if memory is not None:
                 devices["memory_bytes"] = memory
-            cluster = {"devices": devices, "network": network}
-            for algorithm, pipeline in runs(quick):
-                options: dict[str, Any] = {"allow_single": False,
-                                           "co_placement": pipeline, "fusion": pipeline}
-                if algorithm == "exact":
-                    options["time_limit_s"] = EXACT_TIME_LIMIT_S
-                if algorithm == "auto":
-                    options = {"time_limit_s": AUTO_TIME_LIMIT_S}
-                row = {"graph": Path(path).stem, "group": Path(path).parent.name,
-                       "ops": len(doc["ops"]), "network": net_name, "memory": mem_name,
-                       "devices": count,
-                       "memory_bytes": memory, "algorithm": algorithm,
-                       "pipeline": pipeline, "single_peak": peak}
-                tick = time.perf_counter()
-                try:
-                    plan = place(doc, cluster, algorithm, options)
-                except InfeasiblePlacement as exc:
-                    bound = "no plan" not in exc.message and "fits on no" not in exc.message
-                    row.update(status="infeasible", seconds=time.perf_counter() - tick,
-                               reason=exc.message[:160],
-                               kind="lower bound" if bound else "no plan found")
-                    rows.append(row)
-                    continue
-                e = plan.estimate
-                assert e is not None
-                used = max(e.peak_memory_bytes.values())
-                row.update(
-                    status="ok", seconds=plan.stats.placement_seconds,
-                    nodes=plan.stats.nodes_placed, step_us=e.step_time_us,
-                    lower_bound_us=e.lower_bound_us, single_us=e.single_device_us,
-                    ratio_lb=e.step_time_us / e.lower_bound_us if e.lower_bound_us else 1,
-                    speedup=e.single_device_us / e.step_time_us if e.step_time_us else 1,
-                    peak_over_limit=(used / memory) if memory else None,
-                    fallback=plan.stats.fallback or "",
-                    bound_us=plan.stats.bound_us,
-                )
-                if plan.stats.chosen is not None:
-                    chosen = plan.stats.chosen
-                    row["chosen"] = (chosen.algorithm + ("" if chosen.pipeline else "/unreduced")
-                                     + (" + search" if chosen.local_search else ""))
+            yield Setting(net_name, mem_name, count, memory,
+                          {"devices": devices, "network": network})
+
+
+class Setting(NamedTuple):
+    """One cluster a graph is placed on (:func:`settings`)."""
+
+    network: str
+    memory: str
+    devices: int
+    memory_bytes: int | None
+    cluster: dict[str, Any]
+
+
+def run_graph(path: str, quick: bool) -> list[dict[str, Any]]:
+    from baechi import InfeasiblePlacement, place
+
+    doc = json.loads(Path(path).read_text())
+    peak = single_peak(doc)
+    rows = []
+    for net_name, mem_name, count, memory, cluster in settings(doc, peak):
+        for algorithm, pipeline in runs(quick):
+            options: dict[str, Any] = {"allow_single": False,
+                                       "co_placement": pipeline, "fusion": pipeline}
+            if algorithm == "exact":
+                options["time_limit_s"] = EXACT_TIME_LIMIT_S
+            if algorithm == "auto":
+                options = {"time_limit_s": AUTO_TIME_LIMIT_S}
+            row = {"graph": Path(path).stem, "group": Path(path).parent.name,
+                   "ops": len(doc["ops"]), "network": net_name, "memory": mem_name,
+                   "devices": count,
+                   "memory_bytes": memory, "algorithm": algorithm,
+                   "pipeline": pipeline, "single_peak": peak}
+            tick = time.perf_counter()
+            try:
+                plan = place(doc, cluster, algorithm, options)
+            except InfeasiblePlacement as exc:
+                bound = "no plan" not in exc.message and "fits on no" not in exc.message
+                row.update(status="infeasible", seconds=time.perf_counter() - tick,
+                           reason=exc.message[:160],
+                           kind="lower bound" if bound else "no plan found")
                 rows.append(row)
+                continue
+            e = plan.estimate
+            assert e is not None
+            used = max(e.peak_memory_bytes.values())
+            row.update(
+                status="ok", seconds=plan.stats.placement_seconds,
+                nodes=plan.stats.nodes_placed, step_us=e.step_time_us,
+                lower_bound_us=e.lower_bound_us, single_us=e.single_device_us,
+                ratio_lb=e.step_time_us / e.lower_bound_us if e.lower_bound_us else 1,
+                speedup=e.single_device_us / e.step_time_us if e.step_time_us else 1,
+                peak_over_limit=(used / memory) if memory else None,
+                fallback=plan.stats.fallback or "",
+                bound_us=plan.stats.bound_us,
+            )
+            if plan.stats.chosen is not None:
+                chosen = plan.stats.chosen
+                row["chosen"] = (chosen.algorithm + ("" if chosen.pipeline else "/unreduced")
+                                 + (" + search" if chosen.local_search else ""))
+            rows.append(row)
     return rows
 
 
@@ -418,6 +437,14 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
+    """Runs as CSV, one column per key any row has (:func:`read_rows` reads them back)."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def reassemble(output: Path) -> int:
     """BENCHMARKS.md from the last run's rows and the fragments as they are now (a fragment
     regenerated by its own command shows up without placing every graph again)."""
@@ -462,10 +489,7 @@ def main() -> int:
     text = markdown(rows, command, elapsed)
     included = fragments(ROOT / "bench" / "fragments")
     Path(args.output).write_text(text + ("\n" + included if included else ""))
-    with open(ROOT / "bench" / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(rows, ROOT / "bench" / "results.csv")
     plot(rows, ROOT / "bench" / "memory.png")
     print(f"wrote {args.output}, bench/results.csv, bench/memory.png in {elapsed:.0f} s")
     return 0

@@ -16,7 +16,6 @@ Run it after ``bench/run.py``: it reads the 2 s results from ``bench/results.csv
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 import time
@@ -28,8 +27,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from run import (  # noqa: E402  (bench/ is not a package)
-    DEVICES,
-    FRACTIONS,
     MEMORY_LEVELS,
     NETWORKS,
     fastest_steps,
@@ -37,7 +34,9 @@ from run import (  # noqa: E402  (bench/ is not a package)
     graphs,
     read_rows,
     setting_key,
+    settings,
     single_peak,
+    write_rows,
 )
 
 #: Settings listed by name in the fragment: the largest gains of the longer limit.
@@ -49,32 +48,27 @@ def run_graph(path: Path, seconds: float) -> list[dict[str, Any]]:
     from baechi import InfeasiblePlacement, place
 
     doc = json.loads(path.read_text())
-    peak = single_peak(doc)
-    meta = doc.get("meta", {})
-    memories = [(f"{int(f * 100)}%", int(peak * f)) for f in FRACTIONS if f is not None]
-    if meta.get("suggested_memory_bytes"):
-        memories.append(("suggested", int(meta["suggested_memory_bytes"])))
     rows = []
-    for net_name, network in NETWORKS.items():
-        for mem_name, memory in memories:
-            count = meta.get("suggested_devices", DEVICES) if mem_name == "suggested" else DEVICES
-            cluster = {"devices": {"count": count, "memory_bytes": memory}, "network": network}
-            row: dict[str, Any] = {"group": path.parent.name, "graph": path.stem,
-                                   "devices": count, "network": net_name, "memory": mem_name,
-                                   "algorithm": "auto", "time_limit_s": seconds}
-            tick = time.perf_counter()
-            try:
-                plan = place(doc, cluster, "auto", {"time_limit_s": seconds})
-            except InfeasiblePlacement:
-                row.update(status="infeasible", seconds=time.perf_counter() - tick)
-            else:
-                assert plan.estimate is not None and plan.stats.chosen is not None
-                chosen = plan.stats.chosen
-                row.update(status="ok", seconds=plan.stats.placement_seconds,
-                           step_us=plan.estimate.step_time_us,
-                           chosen=chosen.algorithm + ("" if chosen.pipeline else "/unreduced")
-                           + (" + search" if chosen.local_search else ""))
-            rows.append(row)
+    for setting in settings(doc, single_peak(doc)):
+        if setting.memory_bytes is None:
+            continue
+        row: dict[str, Any] = {"group": path.parent.name, "graph": path.stem,
+                               "devices": setting.devices, "network": setting.network,
+                               "memory": setting.memory, "algorithm": "auto",
+                               "time_limit_s": seconds}
+        tick = time.perf_counter()
+        try:
+            plan = place(doc, setting.cluster, "auto", {"time_limit_s": seconds})
+        except InfeasiblePlacement:
+            row.update(status="infeasible", seconds=time.perf_counter() - tick)
+        else:
+            assert plan.estimate is not None and plan.stats.chosen is not None
+            chosen = plan.stats.chosen
+            row.update(status="ok", seconds=plan.stats.placement_seconds,
+                       step_us=plan.estimate.step_time_us,
+                       chosen=chosen.algorithm + ("" if chosen.pipeline else "/unreduced")
+                       + (" + search" if chosen.local_search else ""))
+        rows.append(row)
     return rows
 
 
@@ -143,10 +137,7 @@ def main() -> int:
     elapsed = time.perf_counter() - tick
     command = f"python bench/time_limit.py --seconds {args.seconds:g}" + \
         (" --quick" if args.quick else "")
-    with open(ROOT / "bench" / "time_limit.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(rows, ROOT / "bench" / "time_limit.csv")
     fragment = ROOT / "bench" / "fragments" / "time_limit.md"
     fragment.write_text(markdown(rows, args.seconds, command, elapsed))
     print(f"wrote {fragment} and bench/time_limit.csv in {elapsed:.0f} s")
