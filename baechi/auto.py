@@ -11,9 +11,9 @@ wins, so ``auto`` is never slower than any candidate it ran):
    the graph itself when it has at most :data:`~baechi.algorithms.exact.EXACT_MAX_OPS` ops,
    else on graphs the pipeline reduces to :data:`EXACT_MAX_NODES` nodes or fewer; from its
    own start (m-ETF's plan, or m-fill's when m-ETF's overshoots memory), as ``exact`` alone
-   starts. Each candidate after the first may
-   use :data:`CANDIDATE_SHARE` of the time left, ``exact`` :data:`EXACT_SHARE`. A candidate
-   whose algorithm is not registered (:data:`baechi.algorithms.ALGORITHMS`) is skipped.
+   starts. Each candidate after the first may use :data:`CANDIDATE_SHARE` of the time left,
+   ``exact`` :data:`EXACT_SHARE`. A candidate whose algorithm is not registered
+   (:data:`baechi.algorithms.ALGORITHMS`) is skipped.
 2. Repair (:func:`baechi.repair.repair`) of the refused plans that overshot memory least
    (:data:`REPAIR_STARTS`), and of the plans of :data:`BLIND_STARTS` placed as if memory
    were unlimited (the "cheapest" strategy; before ``exact``, which may take the time left):
@@ -113,7 +113,7 @@ EXACT_SHARE = 0.75
 #: fastest plans found (any plan it already started from excluded, equal plans of two runs
 #: included): where it stagnates, its result depends on its start. README's GNMT job
 #: (768 MiB, PCIe): from the single-device plan repaired, 116.7 -> 116.6 ms; from m-fill's
-#: plan, 117.8 -> 113.7 ms. At 3 that job took 6-9 s instead of 4.5 s for no faster plan.
+#: plan, 117.8 -> 113.7 ms. At 3, that job took 6-9 s for no faster plan.
 SEARCH_RESTARTS = 1
 
 #: Refused plans (over memory) that ``auto`` tries to repair, those overshooting least first.
@@ -462,12 +462,12 @@ def _restarts(runs: list[Run], searched: set[int]) -> list[Run]:
     it has not started from (``searched``: their signatures, updated), one run per plan (a
     repair that needed no move, or a reduction that fused nothing, gives another run's plan).
     """
-    chosen = []
+    chosen: list[Run] = []
     for run in sorted((r for r in runs if r.simulation is not None), key=_step_of):
-        assert run.simulation is not None
-        signature = _signature(run.simulation)
         if len(chosen) == SEARCH_RESTARTS:
             break
+        assert run.simulation is not None
+        signature = _signature(run.simulation)
         if signature not in searched:
             searched.add(signature)
             chosen.append(run)

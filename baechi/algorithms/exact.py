@@ -574,23 +574,18 @@ def _own_hint(problem: Problem) -> Assignment | None:
     overshoots memory and m-fill's replays better (``None`` if neither finds a plan). A hint
     over memory is no solution of the model, and CP-SAT starts far from it (ResNet-50 layer
     graph, PCIe, 50% memory: 825 ms after 1 s from m-ETF's refused plan)."""
-    hints: list[tuple[Simulation, Assignment]] = []
+    best: tuple[Simulation, Assignment] | None = None
     for place_fn in (place_etf, place_fill):
         try:
             hint = place_fn(problem)
         except InfeasiblePlacement:
             continue
         run = replay(problem.graph, problem.cluster, hint.device_of, hint.orders, problem.cost)
-        hints.append((run, hint))
-        if run.estimate.memory_ok:
+        if best is None or _better(run, best[0]):
+            best = (run, hint)
+        if best[0].estimate.memory_ok:
             break
-    if not hints:
-        return None
-    best = hints[0]
-    for other in hints[1:]:
-        if _better(other[0], best[0]):
-            best = other
-    return best[1]
+    return None if best is None else best[1]
 
 
 def _messages(problem: Problem, cost: CostModel) -> tuple[list[Message], bool]:
