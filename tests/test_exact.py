@@ -364,8 +364,8 @@ def test_own_warm_start_fits_memory_where_m_etf_overshoots() -> None:
         spec.setdefault("output_bytes", 10)
     problem = problem_of(doc, small_cluster(2, "sequential", 40), time_limit_s=5)
     assert not replayed(problem, place_etf(problem)).estimate.memory_ok
-    hint = _own_hint(problem)
-    assert hint is not None and replayed(problem, hint).estimate.memory_ok
+    own = _own_hint(problem)
+    assert own is not None and replayed(problem, own[0]).estimate.memory_ok
     result = place_exact(problem)
     assert replayed(problem, result).estimate.memory_ok
 

@@ -148,9 +148,12 @@ def place_exact(problem: Problem) -> Assignment:
     began = time.perf_counter()
     graph, cluster, cost = problem.graph, problem.cluster, problem.cost
     n = len(graph)
-    hint = problem.hint or _own_hint(problem)
-    hint_run = None if hint is None else replay(graph, cluster, hint.device_of, hint.orders,
-                                                cost)
+    hint: Assignment | None = problem.hint
+    hint_run: Simulation | None = None
+    if hint is not None:
+        hint_run = replay(graph, cluster, hint.device_of, hint.orders, cost)
+    else:
+        hint, hint_run = _own_hint(problem) or (None, None)
     floor_us = cost.lower_bound_us()  # the model's makespan holds it in every solution
     # every plan's, transfers that memory forces included: reported, not given to the model
     # (whose memory rule leaves out received copies, so its solutions need not meet it)
@@ -569,23 +572,24 @@ class _Model:
         return lists
 
 
-def _own_hint(problem: Problem) -> Assignment | None:
-    """The warm start when the caller gives none: m-ETF's plan, or m-fill's when m-ETF's
-    overshoots memory and m-fill's replays better (``None`` if neither finds a plan). A hint
-    over memory is no solution of the model, and CP-SAT starts far from it (ResNet-50 layer
-    graph, PCIe, 50% memory: 825 ms after 1 s from m-ETF's refused plan)."""
-    best: tuple[Simulation, Assignment] | None = None
+def _own_hint(problem: Problem) -> tuple[Assignment, Simulation] | None:
+    """The warm start when the caller gives none, with its replay: m-ETF's plan, or
+    m-fill's when m-ETF's overshoots memory and m-fill's replays better (``None`` if neither
+    finds a plan). A hint over memory is no solution of the model, and CP-SAT starts far from
+    it (ResNet-50 layer graph, PCIe, 50% memory: 825 ms after 1 s from m-ETF's refused
+    plan)."""
+    best: tuple[Assignment, Simulation] | None = None
     for place_fn in (place_etf, place_fill):
         try:
             hint = place_fn(problem)
         except InfeasiblePlacement:
             continue
         run = replay(problem.graph, problem.cluster, hint.device_of, hint.orders, problem.cost)
-        if best is None or _better(run, best[0]):
-            best = (run, hint)
-        if best[0].estimate.memory_ok:
+        if best is None or _better(run, best[1]):
+            best = (hint, run)
+        if best[1].estimate.memory_ok:
             break
-    return None if best is None else best[1]
+    return best
 
 
 def _messages(problem: Problem, cost: CostModel) -> tuple[list[Message], bool]:
