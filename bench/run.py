@@ -48,6 +48,15 @@ FRACTIONS = (None, 0.75, 0.5, 0.3)
 DEVICES = 4
 
 
+def graphs_or_exit(shared: str, quick: bool) -> list[Path]:
+    """:func:`graphs`; exits with status 2, saying why, when there are none."""
+    paths = graphs(Path(shared), quick)
+    if not paths:
+        print(f"no graphs under {shared}/graphs", file=sys.stderr)
+        raise SystemExit(2)
+    return paths
+
+
 def graphs(shared: Path, quick: bool) -> list[Path]:
     root = shared / "graphs"
     paths = sorted((root / "baechi").glob("*.json"))
@@ -77,6 +86,16 @@ def single_peak(doc: dict[str, Any]) -> int:
     return single_device_run(load_graph(doc), Cluster.uniform(1))[1]
 
 
+class Setting(NamedTuple):
+    """One cluster a graph is placed on (:func:`settings`)."""
+
+    network: str
+    memory: str
+    devices: int
+    memory_bytes: int | None
+    cluster: dict[str, Any]
+
+
 def settings(doc: dict[str, Any], peak: int) -> Iterator[Setting]:
     """Every setting a graph is placed on: each network, memory unlimited and at each of
     :data:`FRACTIONS` of the single-device ``peak`` on :data:`DEVICES` devices, and the
@@ -96,16 +115,6 @@ def settings(doc: dict[str, Any], peak: int) -> Iterator[Setting]:
                 devices["memory_bytes"] = memory
             yield Setting(net_name, mem_name, count, memory,
                           {"devices": devices, "network": network})
-
-
-class Setting(NamedTuple):
-    """One cluster a graph is placed on (:func:`settings`)."""
-
-    network: str
-    memory: str
-    devices: int
-    memory_bytes: int | None
-    cluster: dict[str, Any]
 
 
 def run_graph(path: str, quick: bool) -> list[dict[str, Any]]:
@@ -472,10 +481,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.from_csv:
         return reassemble(Path(args.output))
-    paths = graphs(Path(args.shared), args.quick)
-    if not paths:
-        print(f"no graphs under {args.shared}/graphs", file=sys.stderr)
-        return 2
+    paths = graphs_or_exit(args.shared, args.quick)
     tick = time.perf_counter()
     rows: list[dict[str, Any]] = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:

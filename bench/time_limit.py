@@ -31,7 +31,7 @@ from run import (  # noqa: E402  (bench/ is not a package)
     NETWORKS,
     fastest_steps,
     geomean,
-    graphs,
+    graphs_or_exit,
     read_rows,
     setting_key,
     settings,
@@ -125,10 +125,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--quick", action="store_true", help="the few graphs of run.py --quick")
     args = parser.parse_args()
-    paths = graphs(Path(args.shared), args.quick)
-    if not paths:
-        print(f"no graphs under {args.shared}/graphs", file=sys.stderr)
-        return 2
+    paths = graphs_or_exit(args.shared, args.quick)
     tick = time.perf_counter()
     rows: list[dict[str, Any]] = []
     for i, path in enumerate(paths):
