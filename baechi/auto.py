@@ -288,7 +288,7 @@ def place_auto(request: Request) -> Outcome:
         single = single_plan(request)
     if single is not None:
         candidates.append(Candidate(algorithm="single", step_time_us=single.estimate.step_time_us))
-        if best is None or single.estimate.step_time_us < best.simulation.estimate.step_time_us:
+        if single.estimate.step_time_us < _step_of(best):
             best = Run("single", request.options.without_pipeline(), request.unreduced, single)
     if best is None:
         errors = [r.error for r in runs if r.error is not None]
