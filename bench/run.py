@@ -99,10 +99,12 @@ class Setting(NamedTuple):
 def settings(doc: dict[str, Any], peak: int) -> Iterator[Setting]:
     """Every setting a graph is placed on: each network, memory unlimited and at each of
     :data:`FRACTIONS` of the single-device ``peak`` on :data:`DEVICES` devices, and the
-    source's suggested memory on its suggested device count."""
+    source's suggested memory on its suggested device count. A graph that holds no memory
+    (``peak`` 0: the STG task graphs give only times) has no memory-limited settings: a
+    fraction of nothing limits nothing, and its rows would repeat the unlimited one."""
     memories: list[tuple[str, int | None]] = [
         ("unlimited" if f is None else f"{int(f * 100)}%", None if f is None else int(peak * f))
-        for f in FRACTIONS
+        for f in FRACTIONS if f is None or peak > 0
     ]
     meta = doc.get("meta", {})
     if meta.get("suggested_memory_bytes"):
