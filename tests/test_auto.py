@@ -205,7 +205,9 @@ def test_ten_thousand_ops_under_tight_memory_answer() -> None:
 @pytest.mark.parametrize("name", ["layered_s0_n10_ccr0.5_d2", "fork_join_s0_n20_ccr1_d4"])
 def test_auto_keeps_the_solvers_channel_order_and_its_proof(name: str) -> None:
     """Sequential mode: exact's plan is optimal only in its own channel order (FIFO replays
-    it slower); auto, which compares candidates under FIFO, still returns it, proved."""
+    it slower); auto, which compares candidates under FIFO, still returns it, proved: its
+    first ``exact`` solves the relaxed model (no channels, no proof), a later one the full
+    model."""
     from baechi.testing import small_cases
 
     case = next(c for c in small_cases(seeds=1, ops=(10, 20), mode="sequential")
@@ -217,6 +219,9 @@ def test_auto_keeps_the_solvers_channel_order_and_its_proof(name: str) -> None:
     plan = place(case.graph, case.cluster, options={"time_limit_s": 10})
     assert plan.stats.optimal is True
     assert plan.estimate.step_time_us == exact.estimate.step_time_us
+    notes = [c.note for c in plan.stats.candidates if c.algorithm == "exact"]
+    assert notes[0] == "relaxed model (no channels)"
+    assert notes[1].startswith("again, from")
     assert simulate(case.graph, plan).step_time_us == plan.estimate.step_time_us
 
 

@@ -43,6 +43,9 @@ class Problem:
     progress: Progress = no_progress
     #: A plan to start from (``exact`` warm-starts from it and never returns a slower one).
     hint: Assignment | None = None
+    #: Solve a relaxation that finds fast plans sooner: ``exact`` leaves the channels of
+    #: sequential mode out of its model (its bound still holds; its plans are replayed).
+    relaxed: bool = False
     cost: CostModel = None  # type: ignore[assignment]  # built in __post_init__
 
     def __post_init__(self) -> None:

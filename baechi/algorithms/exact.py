@@ -315,7 +315,8 @@ class _Model:
         self._delays(messages, allowed)
         self.channel_intervals = _channel_intervals(messages, allowed) if cost.sequential \
             else 0
-        self.channels = 0 < self.channel_intervals <= MAX_CHANNEL_INTERVALS
+        self.channels = not problem.relaxed and \
+            0 < self.channel_intervals <= MAX_CHANNEL_INTERVALS
         self.sends: dict[tuple[int, int], Any] = {}
         self.sent: dict[tuple[int, int, int], Any] = {}
         if self.channels:
