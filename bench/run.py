@@ -183,7 +183,8 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
         f"{DEVICES} devices; networks: PCIe = Baechi's fit (134 µs, 5.7 GB/s), "
         "NVLink-class = 10 µs, 150 GB/s; both in sequential mode (one channel per device). "
         "Memory limits are fractions of the graph's single-device peak under the cost model "
-        "(DESIGN §4); `suggested` is the source's per-device memory on the source's device "
+        "(DESIGN §4; the STG task graphs hold no memory and are placed without limit only); "
+        "`suggested` is the source's per-device memory on the source's device "
         "count (`meta.suggested_devices`). Plans are the algorithms' own (`allow_single` "
         "off): a speedup below 1 is where one device would have been faster — the service "
         "then returns the single-device plan by default. Step times and peaks are the simulator's.",
