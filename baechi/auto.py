@@ -289,8 +289,9 @@ def place_auto(request: Request) -> Outcome:
         candidates.append(Candidate(
             algorithm=entry.algorithm, pipeline=run.pipeline, step_time_us=run.step_time_us,
             seconds=time.perf_counter() - tick,
-            note=("" if run.error is None else "no plan within memory")
-            + ("relaxed model (no channels)" if _relaxed(request, entry) else "")))
+            note="; ".join(
+                ([] if run.error is None else ["no plan within memory"])
+                + (["relaxed model (no channels)"] if _relaxed(request, entry) else []))))
         if run.simulation is not None and (best is None or _faster(run, best)):
             best = run
     if not blind_done and not request.expired():
