@@ -205,9 +205,8 @@ def test_ten_thousand_ops_under_tight_memory_answer() -> None:
 @pytest.mark.parametrize("name", ["layered_s0_n10_ccr0.5_d2", "fork_join_s0_n20_ccr1_d4"])
 def test_auto_keeps_the_solvers_channel_order_and_its_proof(name: str) -> None:
     """Sequential mode: exact's plan is optimal only in its own channel order (FIFO replays
-    it slower); auto, which compares candidates under FIFO, still returns it, proved: its
-    first ``exact`` solves the relaxed model (no channels, no proof), a later one the full
-    model."""
+    it slower); auto, which compares candidates under FIFO, still returns it, proved. On the
+    graph itself auto's ``exact`` solves the full model, as named ``exact`` does."""
     from baechi.testing import small_cases
 
     case = next(c for c in small_cases(seeds=1, ops=(10, 20), mode="sequential")
@@ -219,6 +218,23 @@ def test_auto_keeps_the_solvers_channel_order_and_its_proof(name: str) -> None:
     plan = place(case.graph, case.cluster, options={"time_limit_s": 10})
     assert plan.stats.optimal is True
     assert plan.estimate.step_time_us == exact.estimate.step_time_us
+    assert next(c.note for c in plan.stats.candidates if c.algorithm == "exact") == ""
+    assert simulate(case.graph, plan).step_time_us == plan.estimate.step_time_us
+
+
+def test_relaxed_solver_run_is_followed_by_the_full_model(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relaxed ``exact`` entry (auto's on a reduced graph) proves nothing in sequential
+    mode, so a round on the full model follows it; the plan is replayed as returned."""
+    import baechi.auto
+    from baechi.auto import Entry
+    from baechi.testing import small_cases
+
+    monkeypatch.setattr(baechi.auto, "PORTFOLIO", (
+        Entry("m-etf", True), Entry("exact", True, max_seconds=1, relaxed=True)))
+    case = next(c for c in small_cases(seeds=1, ops=(20,), mode="sequential")
+                if c.devices == 4 and c.ccr == 3)
+    plan = place(case.graph, case.cluster, options={"time_limit_s": 5})
     notes = [c.note for c in plan.stats.candidates if c.algorithm == "exact"]
     assert notes[0] == "relaxed model (no channels)"
     assert notes[1].startswith("again, from")
