@@ -13,9 +13,8 @@ wins, so ``auto`` is never slower than any candidate it ran):
    own start (m-ETF's plan, or m-fill's when m-ETF's overshoots memory), as ``exact`` alone
    starts; on a reduced graph on the relaxed model (``Problem.relaxed``: sequential mode's
    channels left out), which finds faster plans in the time it gets here (see
-   :data:`PORTFOLIO`). Each
-   candidate after the first may use :data:`CANDIDATE_SHARE` of the time left, ``exact``
-   :data:`EXACT_SHARE`. A candidate whose algorithm is not registered
+   :data:`PORTFOLIO`). Each candidate after the first may use :data:`CANDIDATE_SHARE` of the
+   time left, ``exact`` :data:`EXACT_SHARE`. A candidate whose algorithm is not registered
    (:data:`baechi.algorithms.ALGORITHMS`) is skipped.
 2. Repair (:func:`baechi.repair.repair`) of the refused plans that overshot memory least
    (:data:`REPAIR_STARTS`), and of the plans of :data:`BLIND_STARTS` placed as if memory
@@ -28,17 +27,16 @@ wins, so ``auto`` is never slower than any candidate it ran):
    units, in slices until :data:`SEARCH_PATIENCE` slices in a row gain less than
    :data:`SEARCH_MIN_GAIN`, or the deadline.
 5. Rounds, while time is left: ``exact`` again, on the full model, where it ran without a
-   proof or on the relaxed one, with the time
-   left (at most :data:`EXACT_MAX_S`), now hinted with the best plan so far (the searched
-   one; on the reduced graph the best plan on that reduction), then local search from its
-   plan when that is faster, then ``exact`` hinted with that plan, and so on. The rounds
-   stop at the deadline, at a proof, or after a round that found nothing faster. Why two
-   starts: CP-SAT warm-started from a plan that local search or m-SCT cannot improve often
-   stays at it, where from m-ETF's plan it finds a faster one (``bert24_training_layer``,
-   PCIe, 75% memory: from m-SCT's 141.9 ms plan it still had 141.9 ms after 1 s and reached
-   138.3 ms after 4 s; from m-ETF's 161.1 ms plan, 138.3 ms within 1 s); and from the best
-   plan it often finishes what its first share did not. Local search stagnating early would
-   otherwise leave the budget unused.
+   proof or on the relaxed one, with the time left (at most :data:`EXACT_MAX_S`), now hinted
+   with the best plan so far (the searched one; on the reduced graph the best plan on that
+   reduction), then local search from its plan when that is faster, then ``exact`` hinted
+   with that plan, and so on. The rounds stop at the deadline, at a proof, or after a round
+   that found nothing faster. Why two starts: CP-SAT warm-started from a plan that local
+   search or m-SCT cannot improve often stays at it, where from m-ETF's plan it finds a
+   faster one (``bert24_training_layer``, PCIe, 75% memory: from m-SCT's 141.9 ms plan it
+   still had 141.9 ms after 1 s and reached 138.3 ms after 4 s; from m-ETF's 161.1 ms plan,
+   138.3 ms within 1 s); and from the best plan it often finishes what its first share did
+   not. Local search stagnating early would otherwise leave the budget unused.
 6. Restarts, while time is left: local search from the next fastest plans found
    (:data:`SEARCH_RESTARTS`), since where it stagnates its result depends on its start.
 

@@ -29,7 +29,10 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from baechi.plan import Chosen
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -162,9 +165,7 @@ def run_graph(path: str, quick: bool) -> list[dict[str, Any]]:
                 bound_us=plan.stats.bound_us,
             )
             if plan.stats.chosen is not None:
-                chosen = plan.stats.chosen
-                row["chosen"] = (chosen.algorithm + ("" if chosen.pipeline else "/unreduced")
-                                 + (" + search" if chosen.local_search else ""))
+                row["chosen"] = chosen_label(plan.stats.chosen)
             rows.append(row)
     return rows
 
@@ -447,6 +448,12 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
             row["pipeline"] = raw.get("pipeline") == "True"
             rows.append(row)
     return rows
+
+
+def chosen_label(chosen: Chosen) -> str:
+    """``auto``'s choice as the tables show it: ``m-fill/unreduced + search``."""
+    return (chosen.algorithm + ("" if chosen.pipeline else "/unreduced")
+            + (" + search" if chosen.local_search else ""))
 
 
 def write_rows(rows: list[dict[str, Any]], path: Path) -> None:

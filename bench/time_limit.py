@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from run import (  # noqa: E402  (bench/ is not a package)
     MEMORY_LEVELS,
     NETWORKS,
+    chosen_label,
     fastest_steps,
     geomean,
     graphs_or_exit,
@@ -63,11 +64,8 @@ def run_graph(path: Path, seconds: float) -> list[dict[str, Any]]:
             row.update(status="infeasible", seconds=time.perf_counter() - tick)
         else:
             assert plan.estimate is not None and plan.stats.chosen is not None
-            chosen = plan.stats.chosen
             row.update(status="ok", seconds=plan.stats.placement_seconds,
-                       step_us=plan.estimate.step_time_us,
-                       chosen=chosen.algorithm + ("" if chosen.pipeline else "/unreduced")
-                       + (" + search" if chosen.local_search else ""))
+                       step_us=plan.estimate.step_time_us, chosen=chosen_label(plan.stats.chosen))
         rows.append(row)
     return rows
 
