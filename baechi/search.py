@@ -13,8 +13,11 @@ never worse under the simulator, stopping at a deadline. It is an iterated local
 - **Moves**, aimed at the critical path (walked back from the op that ends last through what
   set each start: an input's arrival or the device being busy): move a unit to the device of
   the producer whose transfer it waited for, or the producer's unit to it; move a unit that
-  waited for a busy device to another device; swap it with the unit running there at that
-  time; run it before the op it waited behind on its device; re-rank every device by upward
+  waited for a busy device to another device, alone or with its *branch* (the chain of ops
+  linked one to one through it on that device: moving one op of a chain pays a transfer in
+  and out and runs nothing in parallel, moving the chain runs it beside the rest); swap it
+  with the unit running there at that time; run it before the op it waited behind on its
+  device; re-rank every device by upward
   rank (longest remaining path with this placement's transfers). Units
   (:class:`~baechi.grouping.Units`: colocation groups, forward pairs, pins) move as one;
   pinned units never move; a unit never goes where one of its ops cannot run (infinite time).
@@ -66,6 +69,8 @@ from baechi.simulate import check_orders, replay
 
 #: Random unit moves applied to the best plan when the search is stuck.
 PERTURB_MOVES = 3
+#: Ops a branch move takes along at most, each way from the op on the critical path.
+BRANCH_OPS = 8
 #: Candidates built at a time and tried latest divergence first (cheapest replays first).
 BATCH = 16
 #: Candidates that change more ops than this are not estimated (tried first instead).
@@ -158,6 +163,7 @@ class _Search:
         self.unit_persistent = [0] * len(units)
         for op, unit in enumerate(units.unit_of):
             self.unit_persistent[unit] += graph.persistent_bytes[op]
+        self.chain_prev, self.chain_next = _chain_links(graph)
         self.adopt(device_of, rank, evaluation)
 
     # ------------------------------------------------------------------ plan state
@@ -421,11 +427,29 @@ class _Search:
                 yield _Move(before=(op, ahead))
             others = [d for d in self.allowed[unit] if d != here]
             self.rng.shuffle(others)
+            branch = self.branch(op)
             for d in others:
                 yield _Move(units=((unit, d),))
+                if len(branch) > 1 and all(d in self.allowed[w] for w in branch):
+                    yield _Move(units=tuple((w, d) for w in branch))
                 other = self._running_at(d, self.cur.start[op])
                 if other >= 0 and here in self.allowed[unit_of[other]]:
                     yield _Move(units=((unit, d), (unit_of[other], here)))
+
+    def branch(self, op: int) -> tuple[int, ...]:
+        """The units of the chain through ``op`` on its device: ops linked one to one (a
+        single producer with a single consumer), at most :data:`BRANCH_OPS` of them."""
+        device_of, unit_of = self.device_of, self.units.unit_of
+        here = device_of[op]
+        found = {unit_of[op]: None}
+        for links in (self.chain_prev, self.chain_next):
+            v = links[op]
+            steps = 0
+            while v >= 0 and device_of[v] == here and steps < BRANCH_OPS:
+                found[unit_of[v]] = None
+                v = links[v]
+                steps += 1
+        return tuple(found)
 
     def _running_at(self, d: int, t: float) -> int:
         """The op of device ``d`` running (or next to run) at time ``t``; -1 if none."""
@@ -627,6 +651,23 @@ def _batched(search: _Search, moves: Iterator[_Move], batch: int,
             pending = []
     pending.sort(key=lambda item: -item[1][3])
     yield from pending
+
+
+def _chain_links(graph: Graph) -> tuple[list[int], list[int]]:
+    """Per op its producer and its consumer where the two are linked one to one (the op
+    reads data from that producer alone, which feeds it alone), else -1."""
+    n = len(graph)
+    producer, consumer = [-1] * n, [-1] * n  # the only one so far; -2: more than one
+    for k, (src, dst) in enumerate(zip(graph.edge_src, graph.edge_dst, strict=True)):
+        if graph.edge_control[k]:
+            continue
+        producer[dst] = src if producer[dst] in (-1, src) else -2
+        consumer[src] = dst if consumer[src] in (-1, dst) else -2
+    prev, nxt = [-1] * n, [-1] * n
+    for op, p in enumerate(producer):
+        if p >= 0 and consumer[p] == op:
+            prev[op], nxt[p] = p, op
+    return prev, nxt
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:

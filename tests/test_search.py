@@ -209,6 +209,32 @@ def test_one_move_finds_the_optimum() -> None:
     assert reported and reported[-1] == 31.0 and reported == sorted(reported, reverse=True)
 
 
+def test_moves_a_branch_where_no_single_op_move_pays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """s feeds two chains x1-x2-x3 and y1-y2-y3 that join in t, all on one device; inside a
+    chain each tensor takes 101 µs to send, at its ends 1 µs. Moving one op splits a chain
+    (+101 µs at least); moving a whole chain runs the two side by side, and t then joins
+    the chain that ends last: 1 + 1 + 30 + 1 = 33 µs instead of 62. Without perturbations
+    only a branch move gets there (without one the search stays at 62 µs)."""
+    import baechi.search
+
+    monkeypatch.setattr(baechi.search, "PERTURB_MOVES", 0)
+    big = 100_000  # bytes: 100 µs at 1 GB/s
+    doc = graph_doc([op(n, 1 if n in "st" else 10)
+                     for n in ("s", "x1", "x2", "x3", "y1", "y2", "y3", "t")],
+                    [edge("s", "x1"), edge("x1", "x2", big), edge("x2", "x3", big),
+                     edge("x3", "t"), edge("s", "y1"), edge("y1", "y2", big),
+                     edge("y2", "y3", big), edge("y3", "t")])
+    graph = load_graph(doc)
+    cluster = Cluster.uniform(2, latency_us=1, bandwidth_gbps=1)
+    units = colocation_units(graph, cluster)
+    start = ([0] * 8, [list(range(8)), []])
+    result = improve(graph, cluster, *start, units=units, deadline=time.perf_counter() + 0.5)
+    check_improved(graph, cluster, units, start, result)
+    device_of, _, stats = result
+    assert stats.start_step_us == 62.0 and stats.step_us == 33.0
+    assert device_of[1] == device_of[2] == device_of[3] != device_of[4] == device_of[5]
+
+
 def test_keeps_the_start_when_moving_cannot_pay() -> None:
     graph, cluster = fork(latency=1000)  # any transfer costs more than the whole step
     units = colocation_units(graph, cluster)
