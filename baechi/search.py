@@ -17,10 +17,10 @@ never worse under the simulator, stopping at a deadline. It is an iterated local
   linked one to one through it on that device: moving one op of a chain pays a transfer in
   and out and runs nothing in parallel, moving the chain runs it beside the rest); swap it
   with the unit running there at that time; run it before the op it waited behind on its
-  device; re-rank every device by upward
-  rank (longest remaining path with this placement's transfers). Units
-  (:class:`~baechi.grouping.Units`: colocation groups, forward pairs, pins) move as one;
-  pinned units never move; a unit never goes where one of its ops cannot run (infinite time).
+  device; re-rank every device by upward rank (longest remaining path with this
+  placement's transfers). Units (:class:`~baechi.grouping.Units`: colocation groups,
+  forward pairs, pins) move as one; pinned units never move; a unit never goes where one of
+  its ops cannot run (infinite time).
 - **Acceptance.** First improvement, exactly as the simulator computes it
   (:class:`~baechi.evaluator.PlanEvaluator`: incremental replays from checkpoints, pruned as
   soon as a candidate cannot beat the current plan); memory must stay within every limit
@@ -438,7 +438,7 @@ class _Search:
 
     def branch(self, op: int) -> tuple[int, ...]:
         """The units of the chain through ``op`` on its device: ops linked one to one (a
-        single producer with a single consumer), at most :data:`BRANCH_OPS` of them."""
+        single producer with a single consumer), at most :data:`BRANCH_OPS` each way."""
         device_of, unit_of = self.device_of, self.units.unit_of
         here = device_of[op]
         found = {unit_of[op]: None}
