@@ -115,13 +115,12 @@ EXACT_SHARE = 0.75
 #: fastest plans found (any plan it already started from excluded, equal plans of two runs
 #: included): where it stagnates, its result depends on its start. README's GNMT job
 #: (768 MiB, PCIe): from the single-device plan repaired, 116.7 -> 116.6 ms; from m-fill's
-#: plan, 117.8 -> 113.7 ms. At 3 instead of 1, ``auto`` with ``time_limit_s`` 2 on the
-#: memory-limited settings of bench/run.py (graphs up to 3k ops, one pass each): geomean
-#: 0.9965 on PCIe (13 of 75 settings faster by over 0.1%, 4 slower; pipedream_nasnetalarge,
-#: 50%: 330 -> 294 ms; gnmt_training_layer, 30%: 415 -> 390 ms), 0.9988 on NVLink (11
-#: faster, 2 slower), 0.1 s more per request on average. At 1, README's job took 4-6 s; at
-#: 3, 7-9 s (the restarts find no faster plan there, and the default limit is 60 s).
-SEARCH_RESTARTS = 3
+#: plan, 117.8 -> 113.7 ms. At 3, that job took 6-9 s for no faster plan; measured again
+#: with branch moves (three runs each): 114.4 ms in 7-8 s at 3, 113.3 ms in 4-5 s at 1 (the
+#: plan chosen under FIFO channels orders worse), while on bench/run.py's memory-limited
+#: settings up to 3k ops (``time_limit_s`` 2, one pass) 3 gave a geomean of 0.9965 on PCIe
+#: and 0.9988 on NVLink against 1: within the 0.2-0.3% two passes of the same code differ.
+SEARCH_RESTARTS = 1
 
 #: Refused plans (over memory) that ``auto`` tries to repair, those overshooting least first.
 REPAIR_STARTS = 2
