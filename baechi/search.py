@@ -64,7 +64,7 @@ from baechi.costmodel import CostModel
 from baechi.errors import InvalidPlan
 from baechi.evaluator import Evaluation, PlanEvaluator
 from baechi.graph import Graph
-from baechi.grouping import Units
+from baechi.grouping import Units, single_consumers
 from baechi.simulate import check_orders, replay
 
 #: Random unit moves applied to the best plan when the search is stuck.
@@ -656,15 +656,15 @@ def _batched(search: _Search, moves: Iterator[_Move], batch: int,
 def _chain_links(graph: Graph) -> tuple[list[int], list[int]]:
     """Per op its producer and its consumer where the two are linked one to one (the op
     reads data from that producer alone, which feeds it alone), else -1."""
+    consumer, _ = single_consumers(graph)
     n = len(graph)
-    producer, consumer = [-1] * n, [-1] * n  # the only one so far; -2: more than one
+    producer = [-1] * n  # the only data producer so far; -2: more than one
     for k, (src, dst) in enumerate(zip(graph.edge_src, graph.edge_dst, strict=True)):
-        if graph.edge_control[k]:
-            continue
-        producer[dst] = src if producer[dst] in (-1, src) else -2
-        consumer[src] = dst if consumer[src] in (-1, dst) else -2
+        if not graph.edge_control[k]:
+            producer[dst] = src if producer[dst] in (-1, src) else -2
     prev, nxt = [-1] * n, [-1] * n
     for op, p in enumerate(producer):
+        # p feeds op data, so p's single consumer is a data one (never the control fallback)
         if p >= 0 and consumer[p] == op:
             prev[op], nxt[p] = p, op
     return prev, nxt
