@@ -97,7 +97,11 @@ SEARCH_SLICE_S_PER_OP = 1e-4
 #: Relative gain below which a slice of local search counts as stagnant.
 SEARCH_MIN_GAIN = 1e-3
 
-#: Local search stops after this many stagnant slices in a row.
+#: Local search stops after this many stagnant slices in a row. Searching on from the best
+#: plan until the deadline instead, after the rounds and restarts (``python bench/compare.py``
+#: on the memory-limited settings): geomean step 0.999 of this at 2 s (202 settings) and at
+#: 10 s (the 54 at 50% memory; 15 faster, 3 slower): not worth requests that always take
+#: their whole time limit.
 SEARCH_PATIENCE = 2
 
 #: Every candidate but the first may use at most this share of the time left when it starts

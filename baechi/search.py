@@ -50,6 +50,7 @@ Examples
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
@@ -75,6 +76,12 @@ BRANCH_OPS = 8
 BATCH = 16
 #: Candidates that change more ops than this are not estimated (tried first instead).
 ESTIMATE_WINDOW = 512
+#: Moves of at most this many ops edit the devices' current orders in place; larger ones
+#: (a device emptied onto another) re-sort them.
+SMALL_MOVE = 32
+#: Whether candidates whose estimate beats the current plan keep snapshots in their first
+#: replay (they are often accepted; the others are replayed again when they are).
+KEEP_PROMISING = True
 
 
 @dataclass
@@ -217,27 +224,26 @@ class _Search:
         end, arrival, tail = cur.end, cur.arrival, self.tail
         old_device = self.device_of
         edge_src, edge_dst = graph.edge_src, graph.edge_dst
-        affected: set[int] = set(moved)
+        # the ops whose timing the change touches directly: on each changed device, from
+        # the first position that differs to the first op of the unchanged tail (moved ops
+        # lie in that stretch of their new device), with their positions there
+        index: dict[int, int] = {}
         for d in changed:
             old, new = self.orders[d], orders[d]
             i = _first_difference(old, new)
             j = _common_suffix(old, new)
-            affected.update(new[i:len(new) - j + 1])
-        if len(affected) > ESTIMATE_WINDOW:
-            return -math.inf  # too wide to estimate: try it first rather than never
-
-        def index_of(op: int) -> int:
-            return orders[device_of[op]].index(op)
+            stop = min(len(new), len(new) - j + 1)
+            if stop - i > ESTIMATE_WINDOW:
+                return -math.inf  # too wide to estimate: try it first rather than never
+            for pos in range(i, stop):
+                index[new[pos]] = pos
+        if len(index) > ESTIMATE_WINDOW:
+            return -math.inf
         rank_of = self.rank_of
         # in the candidate's rank, ``earlier`` (a reordered op) comes just before its old
         # predecessor on the device, which is also where the sort below puts it
-        ordered = sorted(affected, key=lambda op: rank_of[op] if op != earlier
-                         else rank_of[orders[device_of[op]][index_of(op) + 1]] - 0.5)
-        index = {}
-        for d in changed:
-            for i, op in enumerate(orders[d]):
-                if op in affected:
-                    index[op] = i
+        ordered = sorted(index, key=lambda op: rank_of[op] if op != earlier
+                         else rank_of[orders[device_of[op]][index[op] + 1]] - 0.5)
         new_end: dict[int, float] = {}
         estimate = -math.inf
         for op in ordered:
@@ -262,11 +268,11 @@ class _Search:
             e = head + cost.op_us[d][op]
             new_end[op] = e
             rest = 0.0
-            if i + 1 < len(order) and order[i + 1] not in affected:
+            if i + 1 < len(order) and order[i + 1] not in index:
                 rest = tail[order[i + 1]]
             for k in graph.out_edges[op]:
                 dst = edge_dst[k]
-                if dst in affected:
+                if dst in index:
                     continue
                 dd = device_of[dst]
                 delay = 0.0
@@ -332,18 +338,37 @@ class _Search:
             rank.insert(self.rank_of[ahead], op)
             changed.add(device_of[op])
         orders = list(self.orders)
-        rank_of = self.rank_of
         for d in changed:
-            if move.before is None:
-                orders[d] = sorted(
-                    [op for op in self.orders[d] if device_of[op] == d]
-                    + [op for op in moved if device_of[op] == d],
-                    key=rank_of.__getitem__)
-            else:
-                orders[d] = [op for op in rank if device_of[op] == d]
+            orders[d] = self._new_order(d, device_of, rank, moved, move.before)
         earlier = move.before[0] if move.before is not None else -1
         return (device_of, orders, rank, self.since(orders, changed, moved, device_of),
                 self.estimate(device_of, orders, changed, moved, earlier))
+
+    def _new_order(self, d: int, device_of: list[int], rank: list[int], moved: list[int],
+                   before: tuple[int, int] | None) -> list[int]:
+        """Device ``d``'s order in a candidate: the rank's ops placed on ``d``. Built from
+        the current order where a move changes little of it (list edits in C), from the
+        whole rank otherwise."""
+        order = self.orders[d]
+        if before is not None:
+            op, ahead = before
+            i = self.index_in_order[op]
+            if moved or not i or order[i - 1] != ahead:
+                return [v for v in rank if device_of[v] == d]
+            order = list(order)
+            order[i - 1], order[i] = op, ahead  # op now runs just before its predecessor
+            return order
+        rank_of = self.rank_of
+        if len(moved) > SMALL_MOVE:
+            return sorted([v for v in order if device_of[v] == d]
+                          + [v for v in moved if device_of[v] == d], key=rank_of.__getitem__)
+        order = list(order)
+        for v in moved:
+            if self.device_of[v] == d:
+                order.remove(v)
+            elif device_of[v] == d:
+                bisect.insort(order, v, key=rank_of.__getitem__)
+        return order
 
     def since(self, orders: list[list[int]], changed: set[int], moved: list[int],
               device_of: list[int]) -> float:
@@ -590,29 +615,31 @@ class _Driver:
                 self.stats.moves_screened += 1
                 skipped.append(move)
                 continue
-            if self._try(built):
+            if self._try(built, keep=KEEP_PROMISING):
                 return True
         for _, built in _batched(search, iter(skipped), BATCH, self.deadline):
             if time.perf_counter() >= self.deadline:
                 return False
-            if self._try(built):
+            if self._try(built, keep=False):
                 return True
         return False
 
-    def _try(self, built: Candidate) -> bool:
+    def _try(self, built: Candidate, keep: bool) -> bool:
         """Replay a candidate (from the current plan's checkpoint); adopt it if it is
-        faster and fits."""
+        faster and fits. ``keep``: take the snapshots a new base needs in this replay (else
+        an accepted candidate is replayed again to take them)."""
         search = self.search
         cand_device_of, cand_orders, rank, since, _ = built
         self.stats.moves_evaluated += 1
         candidate = self.ev.run(cand_device_of, cand_orders, bound=search.cur.step_us,
-                                base=search.cur, since=since, deadline=self.deadline)
+                                base=search.cur, since=since, deadline=self.deadline,
+                                keep=keep)
         if candidate is None or not candidate.memory_ok:
             return False
-        # again, keeping snapshots (only for the plans that become the base)
-        candidate = self.ev.run(cand_device_of, cand_orders, base=search.cur, since=since,
-                                keep=True)
-        assert candidate is not None
+        if not keep:
+            candidate = self.ev.run(cand_device_of, cand_orders, base=search.cur, since=since,
+                                    keep=True)
+            assert candidate is not None
         self.stats.moves_accepted += 1
         self.take(cand_device_of, search.resorted_rank(rank, candidate), candidate)
         return True

@@ -7,6 +7,7 @@ find the better plan where one move suffices.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -21,6 +22,7 @@ from test_algorithms import clusters, dags
 from test_hetero import _hetero_graphs
 
 from baechi import Cluster, InfeasiblePlacement, load_graph, place
+from baechi import search as search_module
 from baechi.errors import InvalidPlan
 from baechi.evaluator import PlanEvaluator
 from baechi.grouping import colocation_units
@@ -104,10 +106,13 @@ def test_resumed_candidates_equal_fresh_replays(doc: dict, cluster: dict, seed: 
     search = _Search(graph, parsed, units, evaluator.cost, evaluator, rng, device_of,
                      _rank_of_plan(graph, orders, base), base)
     assert search.orders_of(device_of, search.rank) == orders  # the rank keeps the plan
-    moves = list(search.candidates())
+    moves = list(search.candidates()) + list(search.collapses())
     moves += [m for m in (search.random_move() for _ in range(5)) if m is not None]
-    for move in moves:
-        built = search.apply(move)
+    # each move twice: its device orders edited in place, and re-sorted (as large moves are)
+    for move, small_move in itertools.product(moves, (search_module.SMALL_MOVE, 0)):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(search_module, "SMALL_MOVE", small_move)
+            built = search.apply(move)
         if built is None:
             continue
         cand_device_of, cand_orders, rank, since, estimate = built
