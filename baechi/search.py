@@ -79,9 +79,6 @@ ESTIMATE_WINDOW = 512
 #: Moves of at most this many ops edit the devices' current orders in place; larger ones
 #: (a device emptied onto another) re-sort them.
 SMALL_MOVE = 32
-#: Whether candidates whose estimate beats the current plan keep snapshots in their first
-#: replay (they are often accepted; the others are replayed again when they are).
-KEEP_PROMISING = True
 
 
 @dataclass
@@ -615,7 +612,7 @@ class _Driver:
                 self.stats.moves_screened += 1
                 skipped.append(move)
                 continue
-            if self._try(built, keep=KEEP_PROMISING):
+            if self._try(built, keep=True):  # promising: often accepted
                 return True
         for _, built in _batched(search, iter(skipped), BATCH, self.deadline):
             if time.perf_counter() >= self.deadline:
