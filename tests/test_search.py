@@ -220,9 +220,7 @@ def test_moves_a_branch_where_no_single_op_move_pays(monkeypatch: pytest.MonkeyP
     (+101 µs at least); moving a whole chain runs the two side by side, and t then joins
     the chain that ends last: 1 + 1 + 30 + 1 = 33 µs instead of 62. Without perturbations
     only a branch move gets there (without one the search stays at 62 µs)."""
-    import baechi.search
-
-    monkeypatch.setattr(baechi.search, "PERTURB_MOVES", 0)
+    monkeypatch.setattr(search_module, "PERTURB_MOVES", 0)
     big = 100_000  # bytes: 100 µs at 1 GB/s
     doc = graph_doc([op(n, 1 if n in "st" else 10)
                      for n in ("s", "x1", "x2", "x3", "y1", "y2", "y3", "t")],
