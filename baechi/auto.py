@@ -39,6 +39,11 @@ wins, so ``auto`` is never slower than any candidate it ran):
    not. Local search stagnating early would otherwise leave the budget unused.
 6. Restarts, while time is left: local search from the next fastest plans found
    (:data:`SEARCH_RESTARTS`), since where it stagnates its result depends on its start.
+7. One long solve, with at least :data:`EXACT_LONG_MIN_S` left: ``exact`` on the graph
+   itself, where no run proved its plan optimal, hinted with the best plan and given the
+   time left (until the deadline or a proof). Its rounds restart CP-SAT's search each time;
+   one long run keeps what it learned (``gnmt_training_layer``, PCIe, 50% memory, at the
+   default 60 s: 377.2 ms after 21 s without it, 352.0 ms with it).
 
 It stops early when a plan reaches the lower bound or ``exact`` proves one optimal. After the
 deadline no candidate starts, except m-fill while no plan was found yet (it is linear and the
@@ -103,6 +108,20 @@ SEARCH_MIN_GAIN = 1e-3
 #: 10 s (the 54 at 50% memory; 15 faster, 3 slower): not worth requests that always take
 #: their whole time limit.
 SEARCH_PATIENCE = 2
+
+#: After the rounds and restarts, with at least this many seconds left, ``exact`` on the
+#: graph itself (where no shorter run proved its plan optimal) runs once more, hinted with
+#: the best plan, until the deadline or a proof: its reruns of at most :data:`EXACT_MAX_S`
+#: each restart CP-SAT's search, where one long run keeps what it learned. No shorter than
+#: the runs before it, so only long limits (the default 60 s) reach it. Measured at 60 s
+#: (``python bench/compare.py --a baechi.auto.EXACT_LONG_MIN_S=inf --seconds 60`` on the
+#: memory-limited settings, PCIe at 50%, both networks at 30% and suggested memory, of
+#: nine graphs of 64-235 ops): geomean step 0.993 of without, 8 of 31 faster, none slower
+#: (gnmt_training_layer, PCIe, 50%: 377.2 -> 352.0 ms; NVLink, 30%: 367.9 -> 338.8 ms);
+#: those requests then use their whole limit (median 21 -> 54 s). At 2 instead of 10, at
+#: ``time_limit_s`` 10 (46 settings of 75% and 30% memory, graphs of up to 300 ops): 0.9998,
+#: 4 faster, 2 slower: no gain where the rounds already get the time left.
+EXACT_LONG_MIN_S = EXACT_MAX_S
 
 #: Every candidate but the first may use at most this share of the time left when it starts
 #: (memory retries, solver time), so that the ones after it, and local search, get time too.
@@ -375,6 +394,25 @@ def place_auto(request: Request) -> Outcome:
             best, simulation = run, searched
             chosen = Chosen(algorithm=run.algorithm, pipeline=run.pipeline,
                             local_search=searched is not run.simulation)
+    # time left: one long solve on the graph itself, hinted with the best plan, where the
+    # shorter ones proved nothing (CP-SAT learns within a run, not across warm restarts)
+    unproven = next((e for e in solver_entries if not e.pipeline), None)
+    if unproven is not None and request.seconds_left() >= EXACT_LONG_MIN_S \
+            and not meets_bound(simulation, bound_us):
+        tick = time.perf_counter()
+        run = _run_entry(request, dataclasses.replace(unproven, hinted=True, max_seconds=None),
+                         runs, start=simulation)
+        assert run is not None  # no pipeline: no reduction to exceed max_nodes
+        runs.append(run)
+        seconds = add_seconds(seconds, run.seconds)
+        bound_us = _bound(request, runs)
+        candidates.append(Candidate(
+            algorithm=run.algorithm, pipeline=False, step_time_us=run.step_time_us,
+            seconds=time.perf_counter() - tick, note="with the time left, from the best plan"))
+        if run.simulation is not None and \
+                run.simulation.estimate.step_time_us < simulation.estimate.step_time_us:
+            best, simulation = run, run.simulation
+            chosen = Chosen(algorithm=run.algorithm, pipeline=False)
     deadline_reached = deadline_reached or request.expired()
     # the best run itself too when the search replaced its plan (its own channel order,
     # exact's, may still beat the searched plan once both are ordered)

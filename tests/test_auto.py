@@ -266,6 +266,40 @@ def test_time_left_goes_to_the_solver_again(monkeypatch: pytest.MonkeyPatch) -> 
     assert simulate(case.graph, plan).step_time_us == plan.estimate.step_time_us
 
 
+def test_time_left_after_the_rounds_goes_to_one_long_solve(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With at least ``EXACT_LONG_MIN_S`` left once the rounds and restarts are done,
+    ``exact`` on the graph itself runs once more, uncapped, hinted with the best plan: until
+    the deadline unless it proves the plan optimal. The plan is never slower than any
+    candidate and ends within the time limit."""
+    import baechi.auto
+    from baechi.auto import Entry
+    from baechi.placing import ORDERING_SHARE
+
+    monkeypatch.setattr(baechi.auto, "EXACT_LONG_MIN_S", 1.0)
+    monkeypatch.setattr(baechi.auto, "PORTFOLIO", (
+        Entry("m-etf", True), Entry("exact", False, max_seconds=0.01, hinted=True)))
+    # 64 ops on PCIe: CP-SAT proves no plan optimal within seconds
+    doc = json.loads((ROOT / "tests" / "data" / "graphs" / "bert24_training_layer.json")
+                     .read_text())
+    cluster = {"devices": {"count": 4}, "network": {"latency_us": 134, "bandwidth_gbps": 5.7}}
+    limit_s = 4.0
+    tick = time.perf_counter()
+    plan = place(doc, cluster, options={"time_limit_s": limit_s})
+    elapsed = time.perf_counter() - tick
+    assert elapsed < limit_s + 0.5
+    exact = [c for c in plan.stats.candidates if c.algorithm == "exact"]
+    assert [c.note for c in exact].count("with the time left, from the best plan") == 1
+    assert exact[-1].note == "with the time left, from the best plan"
+    if not plan.stats.optimal:  # unproven: it ran until placement's deadline, not capped
+        assert elapsed > (1 - ORDERING_SHARE) * limit_s - 0.25
+        assert exact[-1].seconds > max(c.seconds for c in exact[:-1])
+    # the transfer-order post-pass may pick the solver's plan for its own channel order
+    steps = [c.step_time_us for c in plan.stats.candidates if c.step_time_us is not None]
+    assert plan.estimate.step_time_us <= min(steps)
+    assert simulate(load_graph(doc), plan).step_time_us == plan.estimate.step_time_us
+
+
 def test_restarts_skip_plans_already_searched(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two runs with the same plan (a repair that needed no move gives m-ETF's) are one
     restart; a plan local search started from is none; the fastest come first."""
