@@ -103,7 +103,10 @@ MAX_HORIZON = 2**40
 #: process ("Check failed: threshold > 0"). Bytes are counted in coarser units above it.
 MAX_MEMORY_ENERGY = 2**56
 
-#: CP-SAT worker threads (this project's machines have 2 cores).
+#: CP-SAT worker threads (this project's machines have 2 cores). 4 on 2 cores, ``auto`` at
+#: ``time_limit_s`` 10 on the 24 settings at 50% memory of the graphs of up to 300 ops
+#: (``python bench/compare.py --b baechi.algorithms.exact.WORKERS=4 --seconds 10``): geomean
+#: step 1.0008, none faster, 2 slower. More cores than 2 are unmeasured.
 WORKERS = 2
 
 #: Relative differences below this are float noise (the simulator adds floats too).
