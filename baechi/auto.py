@@ -114,16 +114,18 @@ SEARCH_PATIENCE = 2
 #: the best plan, until the deadline or a proof: its reruns of at most :data:`EXACT_MAX_S`
 #: each restart CP-SAT's search, where one long run keeps what it learned. No shorter than
 #: the runs before it, so only long limits (the default 60 s) reach it. Measured at 60 s
-#: (``python bench/compare.py --a baechi.auto.EXACT_LONG_MIN_S=inf --seconds 60`` on the
-#: memory-limited settings, PCIe at 50%, both networks at 30% and suggested memory, of
-#: nine graphs of 64-235 ops): geomean step 0.993 of without, 8 of 31 faster, none slower
-#: (gnmt_training_layer, PCIe, 50%: 377.2 -> 352.0 ms; NVLink, 30%: 367.9 -> 338.8 ms);
-#: those requests then use their whole limit (median 21 -> 54 s). Without memory limits
-#: (PCIe, the 22 graphs of up to 300 ops, STG's included): 0.9972, 2 faster, none slower
-#: (gnmt_training_layer 374.8 -> 357.1 ms), median seconds unchanged (4.5: most are
-#: proven optimal before). At 2 instead of 10, at
-#: ``time_limit_s`` 10 (46 settings of 75% and 30% memory, graphs of up to 300 ops): 0.9998,
-#: 4 faster, 2 slower: no gain where the rounds already get the time left.
+#: with ``python bench/compare.py --a baechi.auto.EXACT_LONG_MIN_S=inf --seconds 60``:
+#:
+#: - memory-limited (PCIe at 50%, both networks at 75%, 30% and suggested memory; ten
+#:   graphs of 64-235 ops): geomean step 0.9955 of without, 9 of 51 faster, none slower
+#:   (gnmt_training_layer, PCIe, 50%: 377.2 -> 352.0 ms; NVLink, 30%: 367.9 -> 338.8 ms);
+#:   those requests then use their whole limit (median 21 -> 51 s);
+#: - without memory limits (PCIe, 22 settings of the graphs of up to 300 ops, STG's
+#:   included): 0.9972, 2 faster, none slower, median seconds unchanged (4.5: most are
+#:   proven optimal before).
+#:
+#: At 2 s left instead of 10, at ``time_limit_s`` 10 (46 settings at 75% and 30% memory):
+#: 0.9998, 4 faster, 2 slower: no gain where the rounds already get the time left.
 EXACT_LONG_MIN_S = EXACT_MAX_S
 
 #: Every candidate but the first may use at most this share of the time left when it starts
