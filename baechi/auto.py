@@ -116,10 +116,10 @@ SEARCH_PATIENCE = 2
 #: the runs before it, so only long limits (the default 60 s) reach it. Measured at 60 s
 #: with ``python bench/compare.py --a baechi.auto.EXACT_LONG_MIN_S=inf --seconds 60``:
 #:
-#: - memory-limited (PCIe at 50%, both networks at 75%, 30% and suggested memory; ten
-#:   graphs of 64-235 ops): geomean step 0.9955 of without, 9 of 51 faster, none slower
+#: - memory-limited (both networks at 75%, 50%, 30% and suggested memory; ten graphs of
+#:   64-235 ops): geomean step 0.9957 of without, 10 of 60 faster, none slower
 #:   (gnmt_training_layer, PCIe, 50%: 377.2 -> 352.0 ms; NVLink, 30%: 367.9 -> 338.8 ms);
-#:   those requests then use their whole limit (median 21 -> 51 s);
+#:   those requests then use their whole limit (median 21 -> 50 s);
 #: - without memory limits (PCIe, 22 settings of the graphs of up to 300 ops, STG's
 #:   included): 0.9972, 2 faster, none slower, median seconds unchanged (4.5: most are
 #:   proven optimal before).
