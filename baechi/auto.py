@@ -356,8 +356,8 @@ def place_auto(request: Request) -> Outcome:
 
     def solve_again(entry: Entry, note: str) -> Run | None:
         """Run a solver entry again (a hinted one from the best plan so far) and record it;
-        its run when its plan is faster than the best."""
-        nonlocal seconds, bound_us
+        when its plan is faster, make it the best and return its run."""
+        nonlocal seconds, bound_us, best, simulation, chosen
         tick = time.perf_counter()
         run = _run_entry(request, entry, runs, start=simulation)
         if run is None:
@@ -368,9 +368,12 @@ def place_auto(request: Request) -> Outcome:
         candidates.append(Candidate(
             algorithm=entry.algorithm, pipeline=run.pipeline, step_time_us=run.step_time_us,
             seconds=time.perf_counter() - tick, note=note))
-        faster = run.simulation is not None and \
-            run.simulation.estimate.step_time_us < simulation.estimate.step_time_us
-        return run if faster else None
+        if run.simulation is None or \
+                run.simulation.estimate.step_time_us >= simulation.estimate.step_time_us:
+            return None
+        best, simulation = run, run.simulation
+        chosen = Chosen(algorithm=run.algorithm, pipeline=run.pipeline)
+        return run
 
     while rounds and not meets_bound(simulation, bound_us) and not request.expired():
         task = rounds.pop(0)
@@ -380,9 +383,6 @@ def place_auto(request: Request) -> Outcome:
                               "again, from " + ("the best plan" if hinted else "its own start"))
             if run is None:
                 continue  # found nothing faster: no search from it
-            assert run.simulation is not None
-            best, simulation = run, run.simulation
-            chosen = Chosen(algorithm=run.algorithm, pipeline=run.pipeline)
             if run.algorithm_stats.get("solver_status") != "OPTIMAL":
                 rounds.append((entry, True))
         search_starts.add(_signature(simulation))
@@ -413,12 +413,8 @@ def place_auto(request: Request) -> Outcome:
     unproven = next((e for e in solver_entries if not e.pipeline), None)
     if unproven is not None and request.seconds_left() >= EXACT_LONG_MIN_S \
             and not meets_bound(simulation, bound_us):
-        run = solve_again(dataclasses.replace(unproven, hinted=True, max_seconds=None),
-                          "with the time left, from the best plan")
-        if run is not None:
-            assert run.simulation is not None
-            best, simulation = run, run.simulation
-            chosen = Chosen(algorithm=run.algorithm, pipeline=False)
+        solve_again(dataclasses.replace(unproven, hinted=True, max_seconds=None),
+                    "with the time left, from the best plan")
     deadline_reached = deadline_reached or request.expired()
     # the best run itself too when the search replaced its plan (its own channel order,
     # exact's, may still beat the searched plan once both are ordered)
