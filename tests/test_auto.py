@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import DATA
 from helpers import edge, graph_doc, op
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -17,12 +18,13 @@ from test_algorithms import check_plan, clusters, dags
 from baechi import Cluster, InfeasiblePlacement, auto, load_graph, place, simulate
 from baechi.algorithms import ALGORITHMS
 from baechi.algorithms.base import Problem
-from baechi.auto import PORTFOLIO
+from baechi.auto import PORTFOLIO, Entry
 from baechi.defaults import DEFAULT_ALGORITHM
 from baechi.grouping import colocation_units
 from baechi.options import Options
-from baechi.placing import Run
+from baechi.placing import ORDERING_SHARE, Run
 from baechi.simulate import replay, single_device_run
+from baechi.testing import small_cases
 
 ROOT = Path(__file__).resolve().parents[1]
 GNMT = ROOT / "examples" / "graphs" / "gnmt_baechi.json"  # bundled: the test never skips
@@ -207,8 +209,6 @@ def test_auto_keeps_the_solvers_channel_order_and_its_proof(name: str) -> None:
     """Sequential mode: exact's plan is optimal only in its own channel order (FIFO replays
     it slower); auto, which compares candidates under FIFO, still returns it, proved. On the
     graph itself auto's ``exact`` solves the full model, as named ``exact`` does."""
-    from baechi.testing import small_cases
-
     case = next(c for c in small_cases(seeds=1, ops=(10, 20), mode="sequential")
                 if c.name == name)
     exact = place(case.graph, case.cluster, "exact",
@@ -226,11 +226,7 @@ def test_relaxed_solver_run_is_followed_by_the_full_model(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A relaxed ``exact`` entry (auto's on a reduced graph) proves nothing in sequential
     mode, so a round on the full model follows it; the plan is replayed as returned."""
-    import baechi.auto
-    from baechi.auto import Entry
-    from baechi.testing import small_cases
-
-    monkeypatch.setattr(baechi.auto, "PORTFOLIO", (
+    monkeypatch.setattr(auto, "PORTFOLIO", (
         Entry("m-etf", True), Entry("exact", True, max_seconds=1, relaxed=True)))
     case = next(c for c in small_cases(seeds=1, ops=(20,), mode="sequential")
                 if c.devices == 4 and c.ccr == 3)
@@ -245,12 +241,8 @@ def test_time_left_goes_to_the_solver_again(monkeypatch: pytest.MonkeyPatch) -> 
     """When local search stagnates before the deadline and ``exact`` ran without a proof,
     auto runs it again: first from its own start, then from each faster plan; the plan
     returned is never slower than any of them and ends within the time limit."""
-    import baechi.auto
-    from baechi.auto import Entry
-    from baechi.testing import small_cases
-
     # exact's share too short for any proof, so every round is unproven
-    monkeypatch.setattr(baechi.auto, "PORTFOLIO", (
+    monkeypatch.setattr(auto, "PORTFOLIO", (
         Entry("m-etf", True), Entry("exact", False, max_seconds=0.01, hinted=True)))
     case = next(c for c in small_cases(seeds=1, ops=(40,), mode="sequential")
                 if c.devices == 4 and c.ccr == 10)
@@ -272,16 +264,11 @@ def test_time_left_after_the_rounds_goes_to_one_long_solve(
     ``exact`` on the graph itself runs once more, uncapped, hinted with the best plan: until
     the deadline unless it proves the plan optimal. The plan is never slower than any
     candidate and ends within the time limit."""
-    import baechi.auto
-    from baechi.auto import Entry
-    from baechi.placing import ORDERING_SHARE
-
-    monkeypatch.setattr(baechi.auto, "EXACT_LONG_MIN_S", 1.0)
-    monkeypatch.setattr(baechi.auto, "PORTFOLIO", (
+    monkeypatch.setattr(auto, "EXACT_LONG_MIN_S", 1.0)
+    monkeypatch.setattr(auto, "PORTFOLIO", (
         Entry("m-etf", True), Entry("exact", False, max_seconds=0.01, hinted=True)))
     # 64 ops on PCIe: CP-SAT proves no plan optimal within seconds
-    doc = json.loads((ROOT / "tests" / "data" / "graphs" / "bert24_training_layer.json")
-                     .read_text())
+    doc = json.loads((DATA / "graphs" / "bert24_training_layer.json").read_text())
     cluster = {"devices": {"count": 4}, "network": {"latency_us": 134, "bandwidth_gbps": 5.7}}
     limit_s = 4.0
     tick = time.perf_counter()
