@@ -171,6 +171,9 @@ BLIND_STARTS = ("m-sct", "m-etf", "single")
 #: ran out of time (388 ms instead of 295 ms).
 BLIND_SHARE = 0.45
 
+#: The note of a candidate that found no plan within memory.
+NO_FIT = "no plan within memory"
+
 #: A step time within this relative distance of the lower bound is optimal.
 OPTIMAL_TOLERANCE = 1e-9
 
@@ -324,7 +327,7 @@ def place_auto(request: Request) -> Outcome:
             algorithm=entry.algorithm, pipeline=run.pipeline, step_time_us=run.step_time_us,
             seconds=time.perf_counter() - tick,
             note="; ".join(
-                ([] if run.error is None else ["no plan within memory"])
+                ([] if run.error is None else [NO_FIT])
                 + (["relaxed model (no channels)"] if _relaxed(request, entry) else []))))
         if run.simulation is not None and (best is None or _faster(run, best)):
             best = run

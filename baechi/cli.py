@@ -21,6 +21,7 @@ import orjson
 from baechi._version import __version__
 from baechi.algorithms import ALGORITHM_NAMES, DEFAULT_ALGORITHM
 from baechi.api import place
+from baechi.auto import NO_FIT
 from baechi.cluster import Cluster
 from baechi.defaults import DEFAULT_TIME_LIMIT_S, DEFAULT_TRANSFER_ORDER
 from baechi.errors import InvalidCluster, MissingExtra, PlacementError
@@ -161,7 +162,10 @@ def summary(plan: Plan, estimate: Estimate, cluster: Cluster) -> str:
     if stats.fallback:
         lines.append(f"note           {stats.fallback}")
     if stats.candidates:
-        lines.append("candidates     " + ", ".join(_candidate(c) for c in stats.candidates))
+        # one per line: the notes tell reruns apart (repairs, local search restarts,
+        # exact's rounds and its long last solve)
+        lines += [f"{'candidates' if i == 0 else '':<15}{_candidate(c)}"
+                  for i, c in enumerate(stats.candidates)]
     if stats.chosen is not None:
         chosen = stats.chosen
         lines.append(f"chosen         {_name(chosen.algorithm, chosen.pipeline)}"
@@ -210,11 +214,25 @@ def _name(algorithm: str, pipeline: bool) -> str:
 
 
 def _candidate(entry: Candidate) -> str:
-    """``m-etf/unreduced 139.1 ms`` for one entry of an ``auto`` plan's candidates."""
+    """``local-search 115.705 ms: from m-fill's plan`` for one entry of an ``auto`` plan's
+    candidates (``m-topo (no fit)``: no plan within memory).
+
+    Examples
+    --------
+    >>> _candidate(Candidate(algorithm="m-etf", pipeline=False, step_time_us=139101.0))
+    'm-etf/unreduced 139.101 ms'
+    >>> _candidate(Candidate(algorithm="exact", pipeline=False, step_time_us=1e5,
+    ...                      note="again, from the best plan"))
+    'exact/unreduced 100.000 ms: again, from the best plan'
+    >>> _candidate(Candidate(algorithm="m-topo", pipeline=True, step_time_us=None,
+    ...                      note="no plan within memory"))
+    'm-topo (no fit)'
+    """
     name = _name(entry.algorithm, entry.pipeline)
-    if entry.step_time_us is None:
-        return f"{name} (no fit)"
-    return f"{name} {_ms(entry.step_time_us)}"
+    shown = f"{name} (no fit)" if entry.step_time_us is None else \
+        f"{name} {_ms(entry.step_time_us)}"
+    note = "; ".join(part for part in entry.note.split("; ") if part != NO_FIT)
+    return f"{shown}: {note}" if note else shown
 
 
 def _write_plan(plan: Plan, path: str) -> None:

@@ -41,6 +41,8 @@ def test_readme_main_job_places_the_bundled_graph(tmp_path: Path) -> None:
     # with time left, local search restarts from the next fastest plan (auto.SEARCH_RESTARTS)
     restarts = [c for c in plan["stats"]["candidates"]
                 if c["algorithm"] == "local-search" and c["note"].startswith("from ")]
+    # the CLI lists each candidate on its own line, with the note that tells reruns apart
+    assert "local-search" in result.stdout and "ms: from " in result.stdout
     assert len(restarts) == 1 and plan["estimate"]["step_time_us"] <= min(
         c["step_time_us"] for c in plan["stats"]["candidates"] if c["step_time_us"])
     assert plan["format"] == "baechi.plan/v1" and len(plan["placement"]) == 2494
