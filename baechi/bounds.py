@@ -3,6 +3,7 @@ time any plan needs once memory forces ops apart."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 
@@ -62,8 +63,10 @@ def step_bound_us(graph: Graph, cluster: Cluster, units: Units, cost: CostModel)
     """A lower bound of every plan's step time that counts the transfers placement forces.
 
     A stretch of a chain of ops cannot run on one device when its units' persistent bytes
-    plus the running bytes (:func:`running_bytes`) of one of its ops exceed the largest
-    device, or when it holds two different pins: one of its edges then crosses devices, and
+    plus, while one of its ops runs, the op's running bytes (:func:`running_bytes`) and the
+    outputs of earlier ops of the stretch that later ones read (a residual block's skip
+    tensor, held on the device until its reader ends) exceed the largest device, or when it
+    holds two different pins: one of its edges then crosses devices, and
     a crossing edge delays its consumer by at least the edge's fastest transfer
     (:meth:`CostModel.fastest_transfer_us <baechi.costmodel.CostModel.fastest_transfer_us>`;
     channels can only add to it). So the chain takes at least its compute (each op at its
@@ -71,7 +74,7 @@ def step_bound_us(graph: Graph, cluster: Cluster, units: Units, cost: CostModel)
     cover, solved exactly in linear time). The bound is the largest of DESIGN's
     (:meth:`CostModel.lower_bound_us <baechi.costmodel.CostModel.lower_bound_us>`) and this
     over two chains: the longest with each edge whose ends cannot share a device costed, and
-    the longest by compute alone.
+    the longest by compute alone. O((ops + edges) log ops).
 
     Examples
     --------
@@ -141,9 +144,12 @@ def _cover_us(graph: Graph, cost: CostModel, chain: list[int], unit_persistent: 
     """The cheapest set of ``chain``'s edges that splits every stretch of it no one device can
     hold (0 when there is none; ``chain``'s compute not included).
 
-    A stretch ``chain[i..j]`` on one device puts all its units' persistent bytes there, plus
-    the running bytes of whichever op runs; if that exceeds ``capacity``, or the stretch
-    holds two different pins, one of its edges crosses.
+    A stretch ``chain[i..j]`` on one device puts all its units' persistent bytes there, plus,
+    while one of its ops runs, that op's running bytes and the output of every earlier op of
+    the stretch that a later op of it reads (held on the device until that reader ends, which
+    is after the running op ends; counted only while an op that takes time runs, so never at
+    an instant where the reader ends too). If that exceeds ``capacity``, or the stretch holds
+    two different pins, one of its edges crosses.
     """
     # last_split[j]: the largest i whose stretch i..j must be split (-1: none). Stretches
     # only grow harder to hold as they lengthen, so one left pointer serves every j.
@@ -153,6 +159,12 @@ def _cover_us(graph: Graph, cost: CostModel, chain: list[int], unit_persistent: 
     peak: deque[int] = deque()  # stretch positions, running bytes decreasing
     persistent = 0
     left = 0
+    # while each op that takes time runs: its running bytes plus the outputs held through it
+    # (a stretch of two ops holds nothing through an op: an edge's ends, for ``apart``)
+    through = _MaxTree([-math.inf if cost.instant_somewhere(op) else float(running[op])
+                        for op in chain]) if len(chain) > 2 else None
+    position = {op: i for i, op in enumerate(chain)} if through is not None else {}
+    read_at: list[list[int]] = [[] for _ in position]  # per producer, its readers' positions
 
     def enter(op: int, sign: int) -> None:
         nonlocal persistent
@@ -166,14 +178,36 @@ def _cover_us(graph: Graph, cost: CostModel, chain: list[int], unit_persistent: 
             if not pins[pin]:
                 del pins[pin]
 
+    def hold(a: int, readers: list[int], sign: int) -> None:
+        """Count chain[a]'s output (``sign`` 1) or stop counting it (-1) at the positions
+        between ``readers`` (consecutive ones, from ``a`` on) that do not read it."""
+        assert through is not None
+        nbytes = sign * graph.output_bytes[chain[a]]
+        for lo, hi in itertools.pairwise(readers):
+            if hi - lo > 1 and nbytes:
+                through.add(lo + 1, hi, nbytes)
+
+    def too_much() -> bool:
+        most = float(running[chain[peak[0]]])
+        if through is not None:
+            most = max(most, through.max(left, j + 1))
+        return len(pins) > 1 or persistent + most > capacity
+
     for j, op in enumerate(chain):
         enter(op, 1)
         while peak and running[chain[peak[-1]]] <= running[op]:
             peak.pop()
         peak.append(j)
-        while left < j and (len(pins) > 1
-                            or persistent + running[chain[peak[0]]] > capacity):
+        if through is not None:
+            for a in {position[graph.edge_src[k]] for k in graph.in_edges[op]
+                      if not graph.edge_control[k] and graph.edge_src[k] in position}:
+                if a >= left:  # held from its last reader so far (or itself) to this one
+                    hold(a, [read_at[a][-1] if read_at[a] else a, j], 1)
+                read_at[a].append(j)
+        while left < j and too_much():
             enter(chain[left], -1)
+            if through is not None:
+                hold(left, [left, *read_at[left]], -1)
             left += 1
             if peak[0] < left:
                 peak.popleft()
@@ -206,3 +240,77 @@ def _cover_us(graph: Graph, cost: CostModel, chain: list[int], unit_persistent: 
     low = max(low, last_split[-1])
     best = min(covered[low:], default=math.inf)
     return 0.0 if math.isinf(best) else best
+
+
+class _MaxTree:
+    """Range add and range maximum over a fixed list of numbers (a segment tree, each
+    operation O(log n))."""
+
+    def __init__(self, values: list[float]) -> None:
+        n = self.n = len(values)
+        self.height = n.bit_length()
+        self.top = [-math.inf] * n + list(values)  # node i: max of its range, adds included
+        self.pending = [0.0] * n  # add not yet passed to node i's children
+        for i in range(n - 1, 0, -1):
+            self.top[i] = max(self.top[2 * i], self.top[2 * i + 1])
+
+    def _apply(self, i: int, value: float) -> None:
+        self.top[i] += value
+        if i < self.n:
+            self.pending[i] += value
+
+    def _rebuild(self, i: int) -> None:
+        while i > 1:
+            i >>= 1
+            self.top[i] = max(self.top[2 * i], self.top[2 * i + 1]) + self.pending[i]
+
+    def _push(self, i: int) -> None:
+        for s in range(self.height, 0, -1):
+            node = i >> s
+            if node and self.pending[node]:
+                self._apply(2 * node, self.pending[node])
+                self._apply(2 * node + 1, self.pending[node])
+                self.pending[node] = 0.0
+
+    def add(self, lo: int, hi: int, value: float) -> None:
+        """Add ``value`` to positions ``lo`` to ``hi - 1``."""
+        lo += self.n
+        hi += self.n
+        first, last = lo, hi - 1
+        self._push(first)
+        self._push(last)
+        while lo < hi:
+            if lo & 1:
+                self._apply(lo, value)
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                self._apply(hi, value)
+            lo >>= 1
+            hi >>= 1
+        self._rebuild(first)
+        self._rebuild(last)
+
+    def max(self, lo: int, hi: int) -> float:
+        """The largest value at positions ``lo`` to ``hi - 1``.
+
+        >>> tree = _MaxTree([1.0, 5.0, 2.0, -math.inf])
+        >>> tree.add(2, 4, 4.0)
+        >>> tree.max(0, 4), tree.max(2, 4), tree.max(3, 4)
+        (6.0, 6.0, -inf)
+        """
+        lo += self.n
+        hi += self.n
+        self._push(lo)
+        self._push(hi - 1)
+        best = -math.inf
+        while lo < hi:
+            if lo & 1:
+                best = max(best, self.top[lo])
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                best = max(best, self.top[hi])
+            lo >>= 1
+            hi >>= 1
+        return best

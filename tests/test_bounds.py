@@ -90,6 +90,35 @@ def test_no_split_chain_is_faster_than_the_bound(case: tuple[dict, Cluster]) -> 
     check_bound(*case)
 
 
+@st.composite
+def skip_chains(draw: st.DrawFn) -> tuple[dict, Cluster]:
+    """A chain of 3–6 ops with skip edges (a residual block's shape) whose outputs, held
+    until their last reader, are what no one device holds; zero-time ops included. An edge
+    carries its producer's whole output, as in profiled graphs, or a few bytes."""
+    n = draw(st.integers(3, 6))
+    outputs = [draw(st.integers(0, 6)) * 10 for _ in range(n)]
+    ops = [op(f"o{i}", draw(st.sampled_from([0, 5, 10, 20])),
+              persistent_bytes=draw(st.integers(0, 1)) * 10, output_bytes=outputs[i])
+           for i in range(n)]
+    pairs = [(i, i + 1) for i in range(n - 1)] + sorted(draw(st.sets(
+        st.tuples(st.integers(0, n - 3), st.integers(2, n - 1)).filter(
+            lambda p: p[1] > p[0] + 1), min_size=1, max_size=3)))
+    edges = [edge(f"o{i}", f"o{j}", draw(st.sampled_from([outputs[i], 1]))) for i, j in pairs]
+    cluster = Cluster.parse({"devices": {"count": 2, "memory_bytes": draw(st.integers(4, 12)) * 10},
+                             "network": {"latency_us": draw(st.integers(0, 3)),
+                                         "bandwidth_gbps": 0.001,
+                                         "mode": draw(st.sampled_from(["parallel",
+                                                                       "sequential"]))}})
+    return graph_doc(ops, edges), cluster
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=skip_chains())
+def test_no_plan_of_a_chain_with_skips_is_faster_than_the_bound(
+        case: tuple[dict, Cluster]) -> None:
+    check_bound(*case)
+
+
 MB = 10**6
 CHAIN = graph_doc(
     [op("a", 10, persistent_bytes=60 * MB), op("b", 10, persistent_bytes=30 * MB),
@@ -117,6 +146,29 @@ def test_a_stretch_no_device_holds_costs_its_cheapest_edge() -> None:
     roomy = Cluster.parse({"devices": [{"name": "/GPU:0", "memory_bytes": 100 * MB},
                                        {"name": "/GPU:1"}], "network": NETWORK})
     assert bound_of(CHAIN, roomy) == 40
+
+
+def test_an_output_held_through_a_stretch_forces_a_crossing() -> None:
+    # a residual block: a's 50 MB output is held on its device until d reads it, so while c
+    # runs (b's 40 MB in, its own 40 MB out) one device would hold 130 MB: a, b, c, d cannot
+    # share a 100 MB device, though any three neighbours fit; the cheapest edge to cut is one
+    # carrying 40 MB (1 µs + 40 µs at 1 TB/s)
+    block = graph_doc([op("a", 10, output_bytes=50 * MB), op("b", 10, output_bytes=40 * MB),
+                       op("c", 10, output_bytes=40 * MB), op("d", 10, output_bytes=1)],
+                      [edge("a", "b", 50 * MB), edge("b", "c", 40 * MB),
+                       edge("c", "d", 40 * MB), edge("a", "d", 50 * MB)])
+    network = {"latency_us": 1, "bandwidth_gbps": 1000}
+    cluster = Cluster.parse({"devices": {"count": 2, "memory_bytes": 100 * MB},
+                             "network": network})
+    assert CostModel(load_graph(block), cluster).lower_bound_us() == 40
+    assert bound_of(block, cluster) == pytest.approx(81)
+    best, _, _ = brute_force(load_graph(block), cluster,
+                             colocation_units(load_graph(block), cluster))
+    assert best >= 81
+    # room for all three tensors: nothing is forced
+    roomy = Cluster.parse({"devices": {"count": 2, "memory_bytes": 130 * MB},
+                           "network": network})
+    assert bound_of(block, roomy) == 40
 
 
 def test_pins_force_a_crossing_without_memory_limits() -> None:
