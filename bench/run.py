@@ -219,8 +219,9 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
         )
     out += improvement(rows)
     if BASELINE.exists():
-        out += against_baseline(rows, read_rows(BASELINE))
-        out += memory_ceiling(rows, read_rows(BASELINE))
+        baseline = read_rows(BASELINE)
+        out += against_baseline(rows, baseline)
+        out += memory_ceiling(rows, baseline)
     out += ["", "## Every run", "",
             "| graph | ops | devices | network | memory | algorithm | pipeline | nodes | seconds | "
             "step ms | / lower bound | speedup | peak / limit | status |",
@@ -333,17 +334,22 @@ def fastest_steps(rows: list[dict[str, Any]], leave_out: tuple[str, ...] = (),
     return found
 
 
+def auto_steps_and_bounds(rows: list[dict[str, Any]]
+                          ) -> tuple[dict[tuple[str, ...], float], dict[tuple[str, ...], float]]:
+    """Per setting where ``auto`` found a plan: its step time, and its ``stats.bound_us`` (no
+    plan of the setting is faster; DESIGN's bound when absent)."""
+    found = {setting_key(r): r for r in rows if r["algorithm"] == "auto" and r["status"] == "ok"}
+    return ({k: float(r["step_us"]) for k, r in found.items()},
+            {k: float(r.get("bound_us") or r["lower_bound_us"]) for k, r in found.items()})
+
+
 def against_baseline(rows: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> list[str]:
     """``auto``'s step / single device against the best named plan of each setting, today's
     and :data:`BASELINE`'s, as geometric means over the memory-limited settings where both
     have a plan (per memory level and all together)."""
     unnamed = ("auto", "single")  # the best plan of a *named* algorithm
     now, before = fastest_steps(rows, unnamed), fastest_steps(baseline, unnamed)
-    auto_rows = {setting_key(r): r
-                 for r in rows if r["algorithm"] == "auto" and r["status"] == "ok"}
-    autos = {k: float(r["step_us"]) for k, r in auto_rows.items()}
-    # auto's stats.bound_us: no plan of the setting is faster (DESIGN's bound when absent)
-    bounds = {k: float(r.get("bound_us") or r["lower_bound_us"]) for k, r in auto_rows.items()}
+    autos, bounds = auto_steps_and_bounds(rows)
     out = ["", "## auto against the named algorithms before the plan optimizer", "",
            "Memory-limited settings only. `auto` (as above) against the fastest named plan of "
            "each setting today and in `bench/baseline.csv` (the named algorithms' results at "
@@ -383,9 +389,8 @@ def memory_ceiling(rows: list[dict[str, Any]], baseline: list[dict[str, Any]]) -
     best named step before (:data:`BASELINE`); geometric means over the memory-limited
     settings that have an unlimited one on as many devices (the suggested rows mostly use
     other device counts)."""
-    unnamed = ("auto", "single")
-    before = fastest_steps(baseline, unnamed)
-    autos = {setting_key(r): r for r in rows if r["algorithm"] == "auto" and r["status"] == "ok"}
+    before = fastest_steps(baseline, ("auto", "single"))
+    autos, bounds = auto_steps_and_bounds(rows)
     # the fastest plan known per graph, devices and network (a plan within a limit is one
     # without it too)
     free: dict[tuple[str, ...], float] = {}
@@ -413,13 +418,10 @@ def memory_ceiling(rows: list[dict[str, Any]], baseline: list[dict[str, Any]]) -
                 and k in before and network in ("all", k[3])]
         if not keys:
             continue
-        step = {k: float(autos[k]["step_us"]) for k in keys}
-        bound = {k: float(autos[k].get("bound_us") or autos[k]["lower_bound_us"])
-                 for k in keys}
         out.append(f"| {network} | {'all' if len(memories) > 1 else memories[0]} | "
-                   f"{len(keys)} | {geomean([step[k] / before[k] for k in keys]):.3f} | "
-                   f"{geomean([max(bound[k], free[k[:4]]) / before[k] for k in keys]):.3f} | "
-                   f"{geomean([bound[k] / before[k] for k in keys]):.3f} |")
+                   f"{len(keys)} | {geomean([autos[k] / before[k] for k in keys]):.3f} | "
+                   f"{geomean([max(bounds[k], free[k[:4]]) / before[k] for k in keys]):.3f} | "
+                   f"{geomean([bounds[k] / before[k] for k in keys]):.3f} |")
     return out
 
 
