@@ -153,14 +153,28 @@ SEARCH_RESTARTS = 1
 #: Refused plans (over memory) that ``auto`` tries to repair, those overshooting least first.
 REPAIR_STARTS = 2
 
-#: Algorithms whose plans, placed as if no device had a memory limit, ``auto`` repairs
-#: (the "cheapest" strategy) under a memory limit, before ``exact`` (which may take the time
-#: left). Such a plan keeps the parallelism that memory-aware choices give up, and its
-#: overshoot is often a few blocks that a few moves fix. Measured at 2 s against ``auto``
+#: Plans placed as if no device had a memory limit that ``auto`` repairs under a memory limit,
+#: before ``exact`` (which may take the time left): (algorithm, with the reduction pipeline,
+#: repair strategy). Such a plan keeps the parallelism that memory-aware choices give up, and
+#: its overshoot is often a few blocks that a few moves fix. Measured at 2 s against ``auto``
 #: without them (bench/results.csv): inceptionv3_training_layer, NVLink, 30%: 388 -> 295 ms
 #: (m-SCT's); pipedream_resnet50, PCIe, 75%: 781 -> 705 ms (the single-device plan).
-#: The cheap single-device plan last: it needs little time to win where it wins.
-BLIND_STARTS = ("m-sct", "m-etf", "single")
+#: m-ETF's plan of the reduced graph first: placed in milliseconds, it spreads fused blocks
+#: over every device and overshoots a little, where "largest" (most bytes first) fits it
+#: within a few steps (gnmt_baechi, 600 MiB: 0.5 s, 80.6 -> 81.4 ms). Against the
+#: three starts without it, at ``time_limit_s`` 10 on 8 graphs at 50/60/70% of their peak
+#: on both networks (48 settings, 34 with a plan): geomean 0.977, 6 faster by over 1%, none
+#: slower: bert_l-6_training_operator, PCIe, 70%: 324.1 -> 192.8 ms;
+#: pipedream_nasnetamobile, PCIe, 70%: 435.0 -> 379.4 ms; gnmt_baechi, NVLink, 70%:
+#: 85.8 -> 80.6 ms (at 600 MiB with 10 s: 109.1 -> 80.7 ms). At 2 s (96 settings, 40-90%):
+#: 0.999, within the noise of the time shares. The cheap single-device plan last: it needs
+#: little time to win where it wins.
+BLIND_STARTS: tuple[tuple[str, bool, Strategy], ...] = (
+    ("m-etf", True, "largest"),
+    ("m-sct", False, "cheapest"),
+    ("m-etf", False, "cheapest"),
+    ("single", False, "cheapest"),
+)
 
 #: The share of the time left that the starts of :data:`BLIND_STARTS` may use together,
 #: placing and repairing (each an equal part of the time left when it starts). A repair
@@ -284,7 +298,10 @@ def place_auto(request: Request) -> Outcome:
             seconds = add_seconds(seconds, {"repair": candidate.seconds})
             if fixed is None:
                 continue
-            run = Run("repair", request.options.without_pipeline(), request.unreduced, fixed)
+            # a plan of every op, whichever graph its start placed; labelled as the start
+            options = request.options if candidate.pipeline else \
+                request.options.without_pipeline()
+            run = Run("repair", options, request.unreduced, fixed)
             repaired_runs.append(run)
             if best is None or fixed.estimate.step_time_us < _step_of(best):
                 best = run
@@ -475,15 +492,15 @@ def _refused_starts(request: Request, runs: list[Run], repaired: set[int]
 
 
 def _blind_starts(request: Request, *, skip_single: bool) -> list[RepairStart]:
-    """:data:`BLIND_STARTS` to place as if memory were unlimited, "cheapest" (none when no
-    device has a memory limit; the single-device plan not when it fits)."""
+    """:data:`BLIND_STARTS` to place as if memory were unlimited (none when no device has a
+    memory limit; the single-device plan not when it fits)."""
     if all(d.memory_bytes is None for d in request.cluster.devices):
         return []
-    algorithms = [a for a in BLIND_STARTS if a in ALGORITHMS
-                  and not (a == "single" and skip_single)
-                  and not (a == "m-sct" and len(request.graph) > SCT_MAX_OPS)]
-    return [(a, f"{a}'s plan placed as if memory were unlimited", False,
-             BLIND_SHARE / len(algorithms), "cheapest") for a in algorithms]
+    starts = [(a, pipeline, strategy) for a, pipeline, strategy in BLIND_STARTS
+              if a in ALGORITHMS and not (a == "single" and skip_single)
+              and not (a == "m-sct" and len(request.graph) > SCT_MAX_OPS)]
+    return [(a, f"{a}'s plan placed as if memory were unlimited", pipeline,
+             BLIND_SHARE / len(starts), strategy) for a, pipeline, strategy in starts]
 
 
 def _repairs(request: Request, starts: list[RepairStart], give_up_us: float
@@ -499,7 +516,8 @@ def _repairs(request: Request, starts: list[RepairStart], give_up_us: float
         tick = time.perf_counter()
         deadline = tick + share * request.seconds_left()
         if isinstance(start, str):
-            placed = memory_blind_replay(dataclasses.replace(request, deadline=deadline), start)
+            placed = memory_blind_replay(dataclasses.replace(request, deadline=deadline), start,
+                                         pipeline=pipeline)
             if placed is None:
                 continue
             start = placed

@@ -250,19 +250,26 @@ def single_plan(request: Request) -> Simulation | None:
     return candidate if candidate.estimate.memory_ok else None
 
 
-def memory_blind_replay(request: Request, algorithm: str) -> Simulation | None:
-    """The replay of ``algorithm``'s plan of the graph itself placed as if no device had a
-    memory limit, in memory or not: a start for repair that keeps the parallelism memory-aware
-    choices give up. ``None`` when the algorithm finds no plan (for ``single``: pins on two
-    devices, or no device runs every op) or the deadline passed."""
-    problem = Problem.of(request.graph, request.cluster, request.units, cost=request.cost,
+def memory_blind_replay(request: Request, algorithm: str, *, pipeline: bool = False
+                        ) -> Simulation | None:
+    """The replay of ``algorithm``'s plan placed as if no device had a memory limit, in
+    memory or not: a start for repair that keeps the parallelism memory-aware choices give up.
+    With ``pipeline``, the algorithm places the graph the request's options reduce (its plan
+    expanded to every op), else the graph itself. ``None`` when the algorithm finds no plan
+    (for ``single``: pins on two devices, or no device runs every op) or the deadline
+    passed."""
+    reduction = reduce_graph(request.graph, request.cluster, request.options) if pipeline \
+        else request.unreduced
+    # the request's cost model serves the graph itself; a reduced graph gets its own
+    same_graph = {"cost": request.cost} if reduction.graph is request.graph else {}
+    problem = Problem.of(reduction.graph, request.cluster, reduction.units, **same_graph,
                          deadline=request.deadline, time_limit_s=max(0.0, request.seconds_left()))
     blind = dataclasses.replace(problem, budget=[math.inf] * len(problem.budget))
     try:
         assignment = get_algorithm(algorithm)(blind)
     except InfeasiblePlacement:
         return None
-    return request.replay(assignment.device_of, assignment.orders)
+    return request.replay(*reduction.expand(assignment.device_of, assignment.orders))
 
 
 def overshoot(simulation: Simulation, cluster: Cluster) -> dict[int, int]:

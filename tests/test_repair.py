@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from baechi.algorithms.base import no_progress
 from baechi.auto import BLIND_SHARE, _blind_starts
 from baechi.grouping import colocation_units
 from baechi.options import Options
-from baechi.placing import Request
+from baechi.placing import Request, memory_blind_replay
 from baechi.repair import repair, units_at_peak
 from baechi.simulate import check_constraints, check_orders, replay, single_device_run
 
@@ -142,21 +143,26 @@ def test_auto_repairs_where_every_named_algorithm_fails() -> None:
                for c in plan.stats.candidates)
 
 
+PCIE = {"latency_us": 134, "bandwidth_gbps": 5.7}
+
 #: (graph path under ../shared/graphs, network, memory as a share of the single-device peak,
-#: the plan auto repairs): settings where a plan placed as if memory were unlimited,
-#: repaired, beats every named algorithm (bench/run.py's clusters).
+#: the plan auto repairs, whether the pipeline reduced the graph it placed): settings where a
+#: plan placed as if memory were unlimited, repaired, beats every named algorithm
+#: (bench/run.py's clusters).
 BLIND_CASES = [
-    ("pipedream/pipedream_resnet50.json", {"latency_us": 134, "bandwidth_gbps": 5.7}, 0.75,
-     "single"),  # 706 ms against m-SCT's 895: a few ops of three residual blocks move
+    ("pipedream/pipedream_resnet50.json", PCIE, 0.75, "single", False),
+    # 706 ms against m-SCT's 895: a few ops of three residual blocks move
     ("dnn-partitioning/throughput-inputs/inceptionv3_training_layer.json",
-     {"latency_us": 10, "bandwidth_gbps": 150}, 0.3, "m-sct"),  # 304 against m-SCT's 392 ms
+     {"latency_us": 10, "bandwidth_gbps": 150}, 0.3, "m-sct", False),  # 304 against 392 ms
+    ("dnn-partitioning/throughput-inputs/bert_l-6_training_operator.json", PCIE, 0.7,
+     "m-etf", True),  # 198 ms against m-SCT's and m-ETF's 326 (with the pipeline)
 ]
 
 
 @pytest.mark.shared
-@pytest.mark.parametrize(("name", "network", "share", "blind"), BLIND_CASES)
+@pytest.mark.parametrize(("name", "network", "share", "blind", "pipeline"), BLIND_CASES)
 def test_auto_repairs_a_plan_placed_as_if_memory_were_unlimited(
-        name: str, network: dict, share: float, blind: str) -> None:
+        name: str, network: dict, share: float, blind: str, pipeline: bool) -> None:
     path = PIPEDREAM.parent / name
     if not path.exists():
         pytest.skip(f"{path} is absent (the shared graphs)")
@@ -165,12 +171,13 @@ def test_auto_repairs_a_plan_placed_as_if_memory_were_unlimited(
     cluster = {"devices": {"count": 4, "memory_bytes": int(peak * share)}, "network": network}
     named = []
     for algorithm in ("m-topo", "m-etf", "m-sct", "m-fill"):
-        for pipeline in (True, False):
-            options = {"co_placement": pipeline, "fusion": pipeline, "allow_single": False}
+        for reduce in (True, False):
+            options = {"co_placement": reduce, "fusion": reduce, "allow_single": False}
             with contextlib.suppress(InfeasiblePlacement):
                 named.append(place(graph, cluster, algorithm, options).estimate.step_time_us)
     plan = place(graph, cluster, "auto", {"time_limit_s": 5})
     repaired = [c for c in plan.stats.candidates if c.algorithm == "repair"
+                and c.pipeline == pipeline
                 and c.note.startswith(f"from {blind}'s plan placed as if memory were unlimited")]
     assert len(repaired) == 1 and repaired[0].step_time_us is not None
     assert repaired[0].step_time_us < min(named)
@@ -185,5 +192,22 @@ def test_no_blind_starts_without_a_memory_limit() -> None:
         request_of[len(devices)] = Request.of(graph, cluster, Options(), 0.0, no_progress)
     assert _blind_starts(request_of[1], skip_single=False) == []
     starts = _blind_starts(request_of[2], skip_single=True)
-    assert [s[0] for s in starts] == ["m-sct", "m-etf"]  # the single-device plan fits
+    # the single-device plan fits
+    assert [(s[0], s[2]) for s in starts] == [("m-etf", True), ("m-sct", False),
+                                             ("m-etf", False)]
     assert sum(s[3] for s in starts) == pytest.approx(BLIND_SHARE)
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_memory_blind_replay_places_every_op(pipeline: bool) -> None:
+    """With the pipeline, the plan of the reduced graph comes back expanded to every op."""
+    graph = load_graph(residual_block())
+    cluster = Cluster.parse({"devices": {"count": 2, "memory_bytes": 500}})
+    request = Request.of(graph, cluster, Options(), time.perf_counter(), no_progress)
+    simulation = memory_blind_replay(request, "m-etf", pipeline=pipeline)
+    assert simulation is not None
+    assert len(simulation.device_of) == len(graph)
+    assert sorted(i for order in simulation.orders for i in order) == list(range(len(graph)))
+    check_orders(graph, simulation.orders)
+    assert all(simulation.device_of[i] == d for d, order in enumerate(simulation.orders)
+               for i in order)
