@@ -161,7 +161,7 @@ REPAIR_STARTS = 2
 #: (m-SCT's); pipedream_resnet50, PCIe, 75%: 781 -> 705 ms (the single-device plan).
 #: m-ETF's plan of the reduced graph first: placed in milliseconds, it spreads fused blocks
 #: over every device and overshoots a little, where "largest" (most bytes first) fits it
-#: within a few steps (gnmt_baechi, 600 MiB: 0.5 s, 80.6 -> 81.4 ms). Against the
+#: within a few steps (gnmt_baechi, 600 MiB, NVLink: in 0.5 s, 80.6 -> 81.4 ms). Against the
 #: three starts without it, at ``time_limit_s`` 10 on 8 graphs at 50/60/70% of their peak
 #: on both networks (48 settings, 34 with a plan): geomean 0.977, 6 faster by over 1%, none
 #: slower: bert_l-6_training_operator, PCIe, 70%: 324.1 -> 192.8 ms;

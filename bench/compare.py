@@ -4,11 +4,13 @@ Usage::
 
     python bench/compare.py --b baechi.auto.SEARCH_PATIENCE=1000 [--a NAME=VALUE ...]
         [--seconds 2] [--all-memory] [--graph SUBSTRING ...] [--memory 50% ...]
-        [--network pcie] [--csv out.csv]
+        [--network pcie] [--fractions 0.5,0.6,0.7] [--csv out.csv]
 
 Places every memory-limited setting of ``bench/run.py`` (``--all-memory``: the unlimited
-ones too) with ``auto`` twice, once per variant, the two runs of a setting back to back so
-that whatever else the machine does weighs on both alike. A variant is a set of module
+ones too; ``--fractions``: instead, each graph that holds memory at these shares of its
+single-device peak on 4 devices, both networks) with ``auto`` twice, once per variant, the
+two runs of a setting back to back so that whatever else the machine does weighs on both
+alike. A variant is a set of module
 constants, ``module.NAME=VALUE`` (the value parsed as the constant's own type), set before
 each run and restored after. Prints the settings whose step times differ by more than 0.1%
 and, per network and memory level, the geometric mean of B's step over A's, the counts of B
@@ -38,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from run import (  # noqa: E402  (bench/ is not a package)
+    DEVICES,
     MEMORY_LEVELS,
     NETWORKS,
     Setting,
@@ -104,6 +107,19 @@ def place_auto(doc: dict[str, Any], cluster: dict[str, Any], seconds: float
     return plan.estimate.step_time_us, time.perf_counter() - tick
 
 
+def fraction_settings(peak: int, fractions: list[float]) -> Iterator[Setting]:
+    """Both networks at each of ``fractions`` of the single-device ``peak``, on
+    :data:`~run.DEVICES` devices (none for a graph that holds no memory)."""
+    if peak == 0:
+        return
+    for network_name, network in NETWORKS.items():
+        for fraction in fractions:
+            memory = int(peak * fraction)
+            yield Setting(network_name, f"{fraction:.0%}", DEVICES, memory,
+                          {"devices": {"count": DEVICES, "memory_bytes": memory},
+                           "network": network})
+
+
 def wanted(setting: Setting, args: argparse.Namespace) -> bool:
     """Whether the command line asks for ``setting``."""
     if setting.memory == "unlimited" and not args.all_memory:
@@ -123,6 +139,9 @@ def main() -> int:
     parser.add_argument("--graph", action="append", default=[], metavar="SUBSTRING")
     parser.add_argument("--memory", action="append", default=[], choices=MEMORY_LEVELS)
     parser.add_argument("--network", action="append", default=[], choices=list(NETWORKS))
+    parser.add_argument("--fractions", type=lambda text: [float(x) for x in text.split(",")],
+                        metavar="0.6,0.7", help="instead of run.py's memory levels, these "
+                        "shares of each graph's single-device peak")
     parser.add_argument("--csv", type=Path)
     args = parser.parse_args()
     variants = {"a": [parse_assignment(t) for t in args.a],
@@ -133,8 +152,10 @@ def main() -> int:
             continue
         doc = json.loads(path.read_text())
         peak = single_peak(doc)
-        for setting in settings(doc, peak):
-            if not wanted(setting, args):
+        chosen = fraction_settings(peak, args.fractions) if args.fractions else \
+            (s for s in settings(doc, peak) if wanted(s, args))
+        for setting in chosen:
+            if args.network and setting.network not in args.network:
                 continue
             row: dict[str, Any] = {"graph": path.stem, "network": setting.network,
                                    "memory": setting.memory}
@@ -149,7 +170,7 @@ def main() -> int:
     print("\n| network | memory | settings | B / A | B faster | B slower | A s | B s |")
     print("|---|---|---|---|---|---|---|---|")
     for network in [*NETWORKS, "all"]:
-        for memory in [*MEMORY_LEVELS, "all"]:
+        for memory in [*dict.fromkeys(r["memory"] for r in rows), "all"]:
             group = [r for r in rows if network in (r["network"], "all") and r["a"] and r["b"]
                      and memory in (r["memory"], "all")]
             if not group:
