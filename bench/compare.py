@@ -10,12 +10,12 @@ Places every memory-limited setting of ``bench/run.py`` (``--all-memory``: the u
 ones too; ``--fractions``: instead, each graph that holds memory at these shares of its
 single-device peak on 4 devices, both networks) with ``auto`` twice, once per variant, the
 two runs of a setting back to back so that whatever else the machine does weighs on both
-alike. A variant is a set of module
-constants, ``module.NAME=VALUE`` (the value parsed as the constant's own type), set before
-each run and restored after. Prints the settings whose step times differ by more than 0.1%
-and, per network and memory level, the geometric mean of B's step over A's, the counts of B
-faster and slower, and the median seconds of each. Run one at a time, on an idle machine:
-``auto``'s plans depend on how much work fits in its time limit.
+alike. A variant is a set of module constants, ``module.NAME=VALUE`` (the value parsed as
+the constant's own type), set before each run and restored after. Prints the settings whose
+step times differ by more than 0.1% and, per network and memory level, the geometric mean of
+B's step over A's, the counts of B faster and slower, and the median seconds of each. Run
+one at a time, on an idle machine: ``auto``'s plans depend on how much work fits in its time
+limit.
 
 It answers "does this change of a constant pay across the benchmark?" before the change is
 made; BENCHMARKS.md (``bench/run.py``) remains the record of what main does.
