@@ -167,7 +167,7 @@ REPAIR_STARTS = 2
 #: 0.5,0.6,0.7 --seconds 10``, two passes): geomean 0.977 and 0.981; faster by over 0.1%
 #: in 8 and 9, slower in 4 and 3 (at most 1.2%): bert_l-6_training_operator, PCIe, 70%:
 #: 324.1 -> 192.8 ms; pipedream_nasnetamobile, PCIe, 70%: 435.0 -> 379.4 ms; gnmt_baechi,
-#: NVLink, 70%: 85.8 -> 80.6 ms (at 600 MiB with 10 s: 109.1 -> 80.7 ms). At 2 s (96
+#: NVLink, 70%: 85.8 -> 80.6 ms (at 600 MiB with 10 s: 103.8 -> 80.7 ms). At 2 s (96
 #: settings, 40-90%): 0.999, within the noise of the time shares. The cheap single-device
 #: plan last: it needs little time to win where it wins.
 BLIND_STARTS: tuple[tuple[str, bool, Strategy], ...] = (
