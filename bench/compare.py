@@ -40,10 +40,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from run import (  # noqa: E402  (bench/ is not a package)
-    DEVICES,
     MEMORY_LEVELS,
     NETWORKS,
     Setting,
+    fraction_settings,
     geomean,
     graphs_or_exit,
     settings,
@@ -107,19 +107,6 @@ def place_auto(doc: dict[str, Any], cluster: dict[str, Any], seconds: float
     return plan.estimate.step_time_us, time.perf_counter() - tick
 
 
-def fraction_settings(peak: int, fractions: list[float]) -> Iterator[Setting]:
-    """Both networks at each of ``fractions`` of the single-device ``peak``, on
-    :data:`~run.DEVICES` devices (none for a graph that holds no memory)."""
-    if peak == 0:
-        return
-    for network_name, network in NETWORKS.items():
-        for fraction in fractions:
-            memory = int(peak * fraction)
-            yield Setting(network_name, f"{fraction:.0%}", DEVICES, memory,
-                          {"devices": {"count": DEVICES, "memory_bytes": memory},
-                           "network": network})
-
-
 def wanted(setting: Setting, args: argparse.Namespace) -> bool:
     """Whether the command line asks for ``setting``."""
     if setting.memory == "unlimited" and not args.all_memory:
@@ -153,9 +140,9 @@ def main() -> int:
         doc = json.loads(path.read_text())
         peak = single_peak(doc)
         chosen = fraction_settings(peak, args.fractions) if args.fractions else \
-            (s for s in settings(doc, peak) if wanted(s, args))
+            settings(doc, peak)
         for setting in chosen:
-            if args.network and setting.network not in args.network:
+            if not wanted(setting, args):
                 continue
             row: dict[str, Any] = {"graph": path.stem, "network": setting.network,
                                    "memory": setting.memory}

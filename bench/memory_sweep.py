@@ -37,6 +37,7 @@ from run import (  # noqa: E402  (bench/ is not a package)
     AUTO_TIME_LIMIT_S,
     DEVICES,
     NETWORKS,
+    fraction_settings,
     geomean,
     graphs_or_exit,
     read_rows,
@@ -59,40 +60,32 @@ def run_graph(path: Path) -> list[dict[str, Any]]:
     from baechi import InfeasiblePlacement, place
 
     doc = json.loads(path.read_text())
-    peak = single_peak(doc)
-    if peak == 0:  # a task graph without memory: nothing to limit
-        return []
     rows = []
-    for network_name, network in NETWORKS.items():
-        for fraction in FRACTIONS:
-            memory = int(peak * fraction)
-            cluster = {"devices": {"count": DEVICES, "memory_bytes": memory},
-                       "network": network}
-            row: dict[str, Any] = {"group": path.parent.name, "graph": path.stem,
-                                   "ops": len(doc["ops"]), "network": network_name,
-                                   "fraction": fraction, "memory_bytes": memory}
-            named: list[tuple[float, str]] = []
-            for algorithm in ALGORITHMS:
-                for pipeline in (True, False):
-                    options = {"allow_single": False, "co_placement": pipeline,
-                               "fusion": pipeline}
-                    with contextlib.suppress(InfeasiblePlacement):
-                        plan = place(doc, cluster, algorithm, options)
-                        assert plan.estimate is not None
-                        named.append((plan.estimate.step_time_us,
-                                      algorithm + ("" if pipeline else "/unreduced")))
-            if named:
-                row["named_us"], row["named"] = min(named)
-            tick = time.perf_counter()
-            try:
-                plan = place(doc, cluster, "auto", {"time_limit_s": AUTO_TIME_LIMIT_S})
-            except InfeasiblePlacement:
-                row["auto_seconds"] = time.perf_counter() - tick
-            else:
-                assert plan.estimate is not None
-                row.update(auto_us=plan.estimate.step_time_us,
-                           auto_seconds=plan.stats.placement_seconds)
-            rows.append(row)
+    for setting in fraction_settings(single_peak(doc), FRACTIONS):
+        row: dict[str, Any] = {"group": path.parent.name, "graph": path.stem,
+                               "ops": len(doc["ops"]), "network": setting.network,
+                               "memory": setting.memory, "memory_bytes": setting.memory_bytes}
+        named: list[tuple[float, str]] = []
+        for algorithm in ALGORITHMS:
+            for pipeline in (True, False):
+                options = {"allow_single": False, "co_placement": pipeline, "fusion": pipeline}
+                with contextlib.suppress(InfeasiblePlacement):
+                    plan = place(doc, setting.cluster, algorithm, options)
+                    assert plan.estimate is not None
+                    named.append((plan.estimate.step_time_us,
+                                  algorithm + ("" if pipeline else "/unreduced")))
+        if named:
+            row["named_us"], row["named"] = min(named)
+        tick = time.perf_counter()
+        try:
+            plan = place(doc, setting.cluster, "auto", {"time_limit_s": AUTO_TIME_LIMIT_S})
+        except InfeasiblePlacement:
+            row["auto_seconds"] = time.perf_counter() - tick
+        else:
+            assert plan.estimate is not None
+            row.update(auto_us=plan.estimate.step_time_us,
+                       auto_seconds=plan.stats.placement_seconds)
+        rows.append(row)
     return rows
 
 
@@ -145,7 +138,7 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
     for network in NETWORKS:
         for fraction in FRACTIONS:
             group = [r for r in rows if r["network"] == network
-                     and float(r["fraction"]) == fraction]
+                     and r["memory"] == f"{fraction:.0%}"]
             both = [r for r in group if _number(r.get("auto_us")) is not None
                     and _number(r.get("named_us")) is not None]
             ratios = [float(r["auto_us"]) / float(r["named_us"]) for r in both]

@@ -26,7 +26,7 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -120,6 +120,21 @@ def settings(doc: dict[str, Any], peak: int) -> Iterator[Setting]:
                 devices["memory_bytes"] = memory
             yield Setting(net_name, mem_name, count, memory,
                           {"devices": devices, "network": network})
+
+
+def fraction_settings(peak: int, fractions: Iterable[float]) -> Iterator[Setting]:
+    """Both networks at each of ``fractions`` of the single-device ``peak`` on
+    :data:`DEVICES` devices, labelled ``"60%"`` (none for a graph that holds no memory):
+    the settings between :func:`settings`' levels that ``bench/memory_sweep.py`` and
+    ``bench/compare.py --fractions`` place."""
+    if peak == 0:
+        return
+    for network_name, network in NETWORKS.items():
+        for fraction in fractions:
+            memory = int(peak * fraction)
+            yield Setting(network_name, f"{fraction:.0%}", DEVICES, memory,
+                          {"devices": {"count": DEVICES, "memory_bytes": memory},
+                           "network": network})
 
 
 def run_graph(path: str, quick: bool) -> list[dict[str, Any]]:
