@@ -21,7 +21,8 @@ wins, so ``auto`` is never slower than any candidate it ran):
    were unlimited (the "cheapest" strategy; before ``exact``, which may take the time left):
    units move off the overflowing devices until every device fits. A greedy placer that
    dead-ends leaves a fast plan over a limit; repaired, it often beats m-fill's
-   memory-first segments.
+   memory-first segments. When none of the cheap candidates (up to m-fill) found a plan,
+   the first blind start runs right after them, before the costlier ones take the time.
 3. The single-device plan, when the whole graph fits on one device.
 4. Local search (:func:`baechi.search.improve`) from the best plan, on the unreduced graph's
    units, in slices until :data:`SEARCH_PATIENCE` slices in a row gain less than
@@ -170,6 +171,20 @@ REPAIR_STARTS = 2
 #: NVLink, 70%: 85.8 -> 80.6 ms (at 600 MiB with 10 s: 103.8 -> 80.7 ms). At 2 s (96
 #: settings, 40-90%): 0.999, within the noise of the time shares. The cheap single-device
 #: plan last: it needs little time to win where it wins.
+#:
+#: When none of the cheap candidates (m-ETF with the pipeline, m-TOPO, m-fill) found a plan,
+#: the first start alone runs right after them with a candidate's share of the time left
+#: (:data:`CANDIDATE_SHARE`), the others where they ran before: m-ETF unreduced and m-SCT's
+#: LP took the 2 s of gnmt_baechi at 600 MiB (no network), which got no plan, where the
+#: repair needs 0.55 s (now 80.5 ms at 2 s). Against running it with the others, on the 5
+#: graphs of the memory sweep that have such settings at 40/60/70% of their peak
+#: (``python bench/compare.py --fractions 0.4,0.6,0.7 --graph gnmt_baechi --graph
+#: nasnetalarge --graph nasnetamobile --graph resnet101 --graph resnext101``): at 10 s,
+#: geomean 0.982, 3 faster (pipedream_nasnetamobile, PCIe, 70%: 468.3 -> 389.6 ms;
+#: gnmt_baechi, NVLink, 70%: 85.8 -> 80.6 ms), 1 slower (0.4%); at 2 s, two passes: 0.982
+#: and 0.988, a plan where there was none (pipedream_resnet101, PCIe, 60%: 721.6 ms),
+#: gnmt_baechi NVLink 70% 116.6 -> 80.6 ms, and pipedream_nasnetamobile PCIe 70% slower
+#: (477.8 -> 530.3 and 474.4 -> 538.3 ms: the costlier candidates get less of the 2 s).
 BLIND_STARTS: tuple[tuple[str, bool, Strategy], ...] = (
     ("m-etf", True, "largest"),
     ("m-sct", False, "cheapest"),
@@ -287,6 +302,10 @@ def place_auto(request: Request) -> Outcome:
     deadline_reached = False
     entries = [e for e in PORTFOLIO if e.algorithm in ALGORITHMS and len(graph) >= e.min_ops
                and (e.max_ops is None or len(graph) <= e.max_ops)]
+    # the cheap entries come first (the last resorts the last of them); when none found a
+    # plan, the first blind start runs before the costlier entries (see BLIND_STARTS)
+    last_cheap = max((i for i, e in enumerate(entries) if e.last_resort), default=len(entries))
+    blind_started: set[tuple[str, bool, Strategy]] = set()  # the BLIND_STARTS that ran
     single: Simulation | None = None
     blind_done = False
     repaired_runs: list[Run] = []
@@ -314,8 +333,8 @@ def place_auto(request: Request) -> Outcome:
         if best is None:  # a plan within memory first: the refused plans are closest to one
             take(_repairs(request, _refused_starts(request, runs, repaired_ids), _step_of(best)))
         if best is None or not meets_bound(best.simulation, _bound(request, runs)):
-            take(_repairs(request, _blind_starts(request, skip_single=single is not None),
-                          _step_of(best)))
+            starts = _blind_starts(request, blind_started, skip_single=single is not None)
+            take(_repairs(request, starts, _step_of(best)))
 
     for i, entry in enumerate(entries):
         # the first candidate always runs; past the deadline, only a last resort while
@@ -327,6 +346,9 @@ def place_auto(request: Request) -> Outcome:
             break
         if entry.algorithm == "exact" and not blind_done:
             blind()
+        elif best is None and i > last_cheap and not blind_started:
+            take(_repairs(request, _blind_starts(request, blind_started, skip_single=True,
+                                                 first_only=True), _step_of(best)))
         report("auto", i / (len(entries) + 2))
         tick = time.perf_counter()
         first = best is None and (not runs or entry.last_resort)
@@ -492,16 +514,25 @@ def _refused_starts(request: Request, runs: list[Run], repaired: set[int]
             for r in chosen if r.refused is not None]
 
 
-def _blind_starts(request: Request, *, skip_single: bool) -> list[RepairStart]:
-    """:data:`BLIND_STARTS` to place as if memory were unlimited (none when no device has a
-    memory limit; the single-device plan not when it fits)."""
+def _blind_starts(request: Request, started: set[tuple[str, bool, Strategy]], *,
+                  skip_single: bool, first_only: bool = False) -> list[RepairStart]:
+    """:data:`BLIND_STARTS` to place as if memory were unlimited, those ``started`` before
+    left out (``started`` updated): none when no device has a memory limit; the
+    single-device plan not when it fits. Each gets an equal part of :data:`BLIND_SHARE`;
+    with ``first_only`` the first one alone, with a candidate's share
+    (:data:`CANDIDATE_SHARE`)."""
     if all(d.memory_bytes is None for d in request.cluster.devices):
         return []
-    starts = [(a, pipeline, strategy) for a, pipeline, strategy in BLIND_STARTS
-              if a in ALGORITHMS and not (a == "single" and skip_single)
-              and not (a == "m-sct" and len(request.graph) > SCT_MAX_OPS)]
-    return [(a, f"{a}'s plan placed as if memory were unlimited", pipeline,
-             BLIND_SHARE / len(starts), strategy) for a, pipeline, strategy in starts]
+    starts = [start for start in BLIND_STARTS
+              if start not in started and start[0] in ALGORITHMS
+              and not (start[0] == "single" and skip_single)
+              and not (start[0] == "m-sct" and len(request.graph) > SCT_MAX_OPS)]
+    if first_only:
+        starts = starts[:1]
+    started.update(starts)
+    share = CANDIDATE_SHARE if first_only else BLIND_SHARE / max(1, len(starts))
+    return [(a, f"{a}'s plan placed as if memory were unlimited", pipeline, share, strategy)
+            for a, pipeline, strategy in starts]
 
 
 def _repairs(request: Request, starts: list[RepairStart], give_up_us: float

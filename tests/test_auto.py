@@ -204,6 +204,26 @@ def test_ten_thousand_ops_under_tight_memory_answer() -> None:
     assert simulate(doc, plan) == plan.estimate
 
 
+def test_when_no_cheap_entry_fits_the_first_blind_start_runs_next() -> None:
+    """gnmt_baechi on 4 devices at 600 MiB (no network): m-ETF, m-TOPO and m-fill find no
+    plan within memory; the repair of m-ETF's plan of the reduced graph placed as if memory
+    were unlimited runs right after them, before the costlier entries (m-ETF unreduced,
+    m-SCT) take the time, and it keeps m-ETF's parallelism: faster than one device."""
+    cluster = {"devices": {"count": 4, "memory_bytes": "600MiB"}}
+    plan = place(json.loads(GNMT.read_text()), cluster, "auto", {"time_limit_s": 5})
+    ran = [(c.algorithm, c.pipeline, c.note) for c in plan.stats.candidates]
+    cheap = [("m-etf", True), ("m-topo", True), ("m-topo", False), ("m-fill", False),
+             ("m-fill", True)]
+    assert [(a, p) for a, p, _ in ran[:5]] == cheap
+    assert all(note == auto.NO_FIT for _, _, note in ran[:5])
+    assert ran[5][:2] == ("repair", True)
+    assert ran[5][2].startswith("from m-etf's plan placed as if memory were unlimited")
+    assert ran[6][:2] == ("m-etf", False)
+    repaired = plan.stats.candidates[5].step_time_us
+    assert repaired is not None and repaired < plan.estimate.single_device_us
+    assert plan.estimate.memory_ok and plan.estimate.step_time_us <= repaired
+
+
 @pytest.mark.parametrize("name", ["layered_s0_n10_ccr0.5_d2", "fork_join_s0_n20_ccr1_d4"])
 def test_auto_keeps_the_solvers_channel_order_and_its_proof(name: str) -> None:
     """Sequential mode: exact's plan is optimal only in its own channel order (FIFO replays

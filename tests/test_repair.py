@@ -17,7 +17,7 @@ from test_algorithms import clusters, dags
 
 from baechi import Cluster, InfeasiblePlacement, load_graph, place
 from baechi.algorithms.base import no_progress
-from baechi.auto import BLIND_SHARE, _blind_starts
+from baechi.auto import BLIND_SHARE, CANDIDATE_SHARE, _blind_starts
 from baechi.grouping import colocation_units
 from baechi.options import Options
 from baechi.placing import Request, memory_blind_replay
@@ -190,12 +190,27 @@ def test_no_blind_starts_without_a_memory_limit() -> None:
     for devices in ({"count": 2}, {"count": 2, "memory_bytes": 800}):
         graph, cluster = load_graph(doc), Cluster.parse({"devices": devices})
         request_of[len(devices)] = Request.of(graph, cluster, Options(), 0.0, no_progress)
-    assert _blind_starts(request_of[1], skip_single=False) == []
-    starts = _blind_starts(request_of[2], skip_single=True)
+    assert _blind_starts(request_of[1], set(), skip_single=False) == []
+    started: set[tuple[str, bool, str]] = set()
+    starts = _blind_starts(request_of[2], started, skip_single=True)
     # the single-device plan fits
     assert [(s[0], s[2]) for s in starts] == [("m-etf", True), ("m-sct", False),
                                              ("m-etf", False)]
     assert sum(s[3] for s in starts) == pytest.approx(BLIND_SHARE)
+    assert _blind_starts(request_of[2], started, skip_single=True) == []  # each runs once
+
+
+def test_the_first_blind_start_alone_gets_a_candidates_share() -> None:
+    graph = load_graph(residual_block())
+    cluster = Cluster.parse({"devices": {"count": 2, "memory_bytes": 800}})
+    request = Request.of(graph, cluster, Options(), 0.0, no_progress)
+    started: set[tuple[str, bool, str]] = set()
+    first = _blind_starts(request, started, skip_single=False, first_only=True)
+    assert [(s[0], s[2], s[3]) for s in first] == [("m-etf", True, CANDIDATE_SHARE)]
+    rest = _blind_starts(request, started, skip_single=False)
+    assert [(s[0], s[2]) for s in rest] == [("m-sct", False), ("m-etf", False),
+                                            ("single", False)]
+    assert sum(s[3] for s in rest) == pytest.approx(BLIND_SHARE)
 
 
 @pytest.mark.parametrize("pipeline", [True, False])
