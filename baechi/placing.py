@@ -54,7 +54,8 @@ class Request:
     ``end`` is the request's deadline, a :func:`time.perf_counter` value: ``started +
     options.time_limit_s``. ``deadline``, placement's, is :data:`ORDERING_SHARE` of the time
     limit earlier when model-aware transfer ordering runs after it (sequential mode), else
-    ``end``.
+    ``end``. Copies made with :func:`dataclasses.replace` (a shorter deadline for one
+    candidate) share the reductions computed so far.
     """
 
     graph: Graph
@@ -65,6 +66,9 @@ class Request:
     deadline: float
     progress: Progress
     end: float = math.inf
+    #: The reductions computed so far, by the switches they depend on (:meth:`reduction`).
+    reductions: dict[tuple[bool, bool, bool], Reduction] = field(
+        default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, graph: Graph, cluster: Cluster, options: Options, started: float,
@@ -91,11 +95,22 @@ class Request:
         or pins force included (:func:`baechi.bounds.step_bound_us`). Computed once."""
         return step_bound_us(self.graph, self.cluster, self.units, self.cost)
 
-    @functools.cached_property
+    def reduction(self, options: Options) -> tuple[Reduction, dict[str, float]]:
+        """The reduction ``options`` switch on (:func:`~baechi.pipeline.reduce_graph`),
+        computed once per request, and the seconds this call spent on it per phase: the
+        reduction's own the first time, none after (each pipelined candidate of ``auto``
+        places the same reduced graph; on 30k ops a reduction takes 0.25 s)."""
+        key = (options.forward_only, options.co_placement, options.fusion)
+        cached = self.reductions.get(key)
+        if cached is not None:
+            return cached, {}
+        reduction = self.reductions[key] = reduce_graph(self.graph, self.cluster, options)
+        return reduction, dict(reduction.seconds)
+
+    @property
     def unreduced(self) -> Reduction:
-        """The reduction that keeps every op (for plans made on the graph itself). Computed
-        once."""
-        return reduce_graph(self.graph, self.cluster, self.options.without_pipeline())
+        """The reduction that keeps every op (for plans made on the graph itself)."""
+        return self.reduction(self.options.without_pipeline())[0]
 
     def replay(self, device_of: list[int], orders: list[list[int]]) -> Simulation:
         """The simulator's replay of a plan of this request's graph (the judge)."""
@@ -166,8 +181,7 @@ def run_algorithm(
     by how much the last plan did not.
     """
     graph, cluster = request.graph, request.cluster
-    reduction = reduce_graph(graph, cluster, options)
-    seconds = dict(reduction.seconds)
+    reduction, seconds = request.reduction(options)
     extra: dict[str, Any] = {} if hint is None else {"hint": hint}
     # the request's cost model serves the graph itself; a reduced graph gets its own
     same_graph = {"cost": request.cost} if reduction.graph is graph else {}
@@ -258,8 +272,7 @@ def memory_blind_replay(request: Request, algorithm: str, *, pipeline: bool = Fa
     expanded to every op), else the graph itself. ``None`` when the algorithm finds no plan
     (for ``single``: pins on two devices, or no device runs every op) or the deadline
     passed."""
-    reduction = reduce_graph(request.graph, request.cluster, request.options) if pipeline \
-        else request.unreduced
+    reduction = request.reduction(request.options)[0] if pipeline else request.unreduced
     # the request's cost model serves the graph itself; a reduced graph gets its own
     same_graph = {"cost": request.cost} if reduction.graph is request.graph else {}
     problem = Problem.of(reduction.graph, request.cluster, reduction.units, **same_graph,

@@ -147,6 +147,30 @@ def test_each_option_switches_its_step_off() -> None:
     assert none.graph is g and len(none.units) == 3 and len(none.nodes) == 2
 
 
+def test_a_request_reduces_once_per_set_of_switches() -> None:
+    """``auto``'s pipelined candidates share one reduction: the first run spends its
+    seconds, the next ones none, and a copy with a shorter deadline shares the cache."""
+    import dataclasses
+    import time
+
+    from baechi.algorithms.base import no_progress
+    from baechi.placing import Request, run_algorithm
+
+    doc = graph_doc([op(n, 5, output_bytes=10) for n in "abcd"],
+                    [edge("a", "b", 10), edge("b", "c", 10), edge("c", "d", 10)])
+    graph, cluster = load_graph(doc), Cluster.uniform(2)
+    request = Request.of(graph, cluster, Options(), time.perf_counter(), no_progress)
+    first = run_algorithm(request, "m-etf", request.options)
+    shorter = dataclasses.replace(request, deadline=request.deadline - 1)
+    second = run_algorithm(shorter, "m-topo", request.options)
+    assert second.reduction is first.reduction
+    assert {"grouping", "co_placement", "fusion"} <= set(first.seconds)
+    assert not {"grouping", "co_placement", "fusion"} & set(second.seconds)
+    unreduced = request.options.without_pipeline()
+    assert run_algorithm(request, "m-etf", unreduced).reduction is request.unreduced
+    assert len(request.reductions) == 2
+
+
 def test_expand_without_fusion_is_the_identity() -> None:
     g = load_graph(graph_doc([op("a"), op("b")], [edge("a", "b")]))
     r = _reduce(g, Cluster.uniform(2), fusion=False)
