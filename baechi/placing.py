@@ -285,6 +285,32 @@ def memory_blind_replay(request: Request, algorithm: str, *, pipeline: bool = Fa
     return request.replay(*reduction.expand(assignment.device_of, assignment.orders))
 
 
+def spread_plan(request: Request) -> Simulation | None:
+    """The replay of a plan that spreads the persistent bytes evenly: units by persistent
+    bytes, largest first, each on the device that holds the fewest so far among those where
+    it can run (pins kept); each device runs its ops in canonical order. A start for repair
+    where weights fill most of the memory and every placer's plan overflows a device (the
+    persistent bytes of contiguous segments differ widely). ``None`` when a unit can run on
+    no device.
+    """
+    graph, units, cost = request.graph, request.units, request.cost
+    held = [0] * len(request.cluster.devices)
+    unit_device = list(units.pin)
+    weight = [sum(graph.persistent_bytes[op] for op in members) for members in units.members]
+    for unit in sorted(range(len(units.members)), key=lambda u: -weight[u]):
+        if unit_device[unit] < 0:
+            allowed = cost.devices_for(units.members[unit])
+            if not allowed:
+                return None
+            unit_device[unit] = min(allowed, key=held.__getitem__)
+        held[unit_device[unit]] += weight[unit]
+    device_of = [unit_device[units.unit_of[op]] for op in range(len(graph))]
+    orders: list[list[int]] = [[] for _ in held]
+    for op in graph.topo:
+        orders[device_of[op]].append(op)
+    return request.replay(device_of, orders)
+
+
 def overshoot(simulation: Simulation, cluster: Cluster) -> dict[int, int]:
     """Device index → bytes over its limit, for devices whose simulated peak exceeds it."""
     over = {}
@@ -332,4 +358,5 @@ __all__ = [
     "overshoot",
     "run_algorithm",
     "single_plan",
+    "spread_plan",
 ]
