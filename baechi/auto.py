@@ -345,7 +345,7 @@ def place_auto(request: Request) -> Outcome:
         if best is None or not meets_bound(best.simulation, _bound(request, runs)):
             starts = _blind_starts(request, blind_started, skip_single=single is not None)
             take(_repairs(request, starts, _step_of(best)))
-        spread = spread_plan(request) if best is None else None
+        spread = spread_plan(request) if best is None and not request.expired() else None
         if spread is not None:  # still nothing: the persistent bytes spread evenly
             take(_repairs(request, [(spread, SPREAD_LABEL, False, CANDIDATE_SHARE, "cheapest")],
                           math.inf))
