@@ -8,7 +8,7 @@ import math
 from collections import deque
 
 from baechi.cluster import Cluster
-from baechi.costmodel import CostModel, instant
+from baechi.costmodel import CostModel, instant, persistent_bytes_by
 from baechi.graph import Graph
 from baechi.grouping import Units
 
@@ -102,9 +102,7 @@ def step_bound_us(graph: Graph, cluster: Cluster, units: Units, cost: CostModel)
     if len(limits) < 2 or (None in limits and len(pinned) < 2):
         return floor  # nothing forces ops apart
     capacity = math.inf if None in limits else float(max(limits))  # type: ignore[type-var]
-    unit_persistent = [0] * len(units)
-    for op, unit in enumerate(units.unit_of):
-        unit_persistent[unit] += graph.persistent_bytes[op]
+    unit_persistent = persistent_bytes_by(graph, units.unit_of, len(units))
     running = [running_bytes(graph, op, cost) for op in range(len(graph))]
 
     def apart(k: int) -> bool:  # whether edge k's ends cannot share a device

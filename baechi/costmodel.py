@@ -20,7 +20,7 @@ Examples
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from baechi.cluster import Cluster
@@ -250,6 +250,27 @@ def memory_proxy(graph: Graph, ops: Iterable[int]) -> int:
     return resident + temp
 
 
+def persistent_bytes_by(graph: Graph, set_of: Sequence[int], count: int) -> list[int]:
+    """Σ ``persistent_bytes`` of each set of ops (numbered ``0 .. count-1`` by ``set_of``):
+    what the set holds on its device for the whole step, wherever and whenever its ops run.
+    Per unit with ``units.unit_of``, per device with a plan's ``device_of``.
+
+    Examples
+    --------
+    >>> from baechi import load_graph
+    >>> g = load_graph({"format": "baechi.graph/v1", "ops": [
+    ...     {"name": "w", "compute_us": 1, "persistent_bytes": 5},
+    ...     {"name": "x", "compute_us": 1},
+    ...     {"name": "v", "compute_us": 1, "persistent_bytes": 7}]})
+    >>> persistent_bytes_by(g, [0, 1, 0], 2)
+    [12, 0]
+    """
+    held = [0] * count
+    for op, i in enumerate(set_of):
+        held[i] += graph.persistent_bytes[op]
+    return held
+
+
 class MemoryProxy:
     """:func:`memory_proxy` of sets that merge: ``resident[i]`` (Σ persistent + Σ output) and
     ``temp[i]`` (max temp) per set, the sets numbered by ``set_of`` (default: one op each).
@@ -299,4 +320,6 @@ class MemoryProxy:
             self.temp[into] = self.temp[other]
 
 
-__all__ = ["INSTANT_US", "CostModel", "MemoryProxy", "instant", "memory_proxy"]
+__all__ = [
+    "INSTANT_US", "CostModel", "MemoryProxy", "instant", "memory_proxy", "persistent_bytes_by",
+]

@@ -22,7 +22,7 @@ from baechi.algorithms import get_algorithm
 from baechi.algorithms.base import Assignment, Problem, Progress
 from baechi.bounds import step_bound_us
 from baechi.cluster import Cluster
-from baechi.costmodel import CostModel
+from baechi.costmodel import CostModel, persistent_bytes_by
 from baechi.errors import InfeasiblePlacement
 from baechi.graph import Graph
 from baechi.grouping import Units, colocation_units
@@ -296,7 +296,7 @@ def spread_plan(request: Request) -> Simulation | None:
     graph, units, cost = request.graph, request.units, request.cost
     held = [0] * len(request.cluster.devices)
     unit_device = list(units.pin)
-    weight = [sum(graph.persistent_bytes[op] for op in members) for members in units.members]
+    weight = persistent_bytes_by(graph, units.unit_of, len(units))
     for unit in sorted(range(len(units.members)), key=lambda u: -weight[u]):
         if unit_device[unit] < 0:
             allowed = cost.devices_for(units.members[unit])

@@ -61,7 +61,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from baechi.cluster import Cluster
-from baechi.costmodel import CostModel
+from baechi.costmodel import CostModel, persistent_bytes_by
 from baechi.errors import InvalidPlan
 from baechi.evaluator import Evaluation, PlanEvaluator
 from baechi.graph import Graph
@@ -164,9 +164,7 @@ class _Search:
                 d for d in range(self.n_dev)
                 if (pin < 0 or pin == d) and all(math.isfinite(op_us[d][op]) for op in members)
             ])
-        self.unit_persistent = [0] * len(units)
-        for op, unit in enumerate(units.unit_of):
-            self.unit_persistent[unit] += graph.persistent_bytes[op]
+        self.unit_persistent = persistent_bytes_by(graph, units.unit_of, len(units))
         self.chain_prev, self.chain_next = _chain_links(graph)
         self.adopt(device_of, rank, evaluation)
 

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from baechi.cluster import Cluster
-from baechi.costmodel import CostModel
+from baechi.costmodel import CostModel, persistent_bytes_by
 from baechi.errors import InvalidPlan
 from baechi.graph import Graph, find_cycle, load_graph
 from baechi.plan import Estimate, Plan, TransferEntry
@@ -425,10 +425,11 @@ def _memory(
     t_start, t_free = np.array(transfers.start), np.array(copy_free)
     t_bytes = np.array(transfers.nbytes, dtype=np.int64)
     traces = []
+    held = persistent_bytes_by(graph, device_of, n_dev)
     for d in range(n_dev):
         ops = np.array(ops_on[d], dtype=np.int64)
         copies = np.array(copies_on[d], dtype=np.int64)
-        base = int(sum(graph.persistent_bytes[op] for op in ops_on[d]))
+        base = held[d]
         alloc = np.concatenate([start_a[ops], start_a[ops], t_start[copies]])
         free = np.concatenate([end_a[ops], out_free_a[ops], t_free[copies]])
         nbytes = np.concatenate([temp_a[ops], out_a[ops], t_bytes[copies]])

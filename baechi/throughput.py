@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from baechi.cluster import Cluster
-from baechi.costmodel import CostModel
+from baechi.costmodel import CostModel, persistent_bytes_by
 from baechi.graph import Graph
 
 #: The request's objectives (DESIGN §10); ``step_time`` is the default.
@@ -137,11 +137,10 @@ def throughput(
 
 def _memory(graph: Graph, cluster: Cluster, device_of: list[int]) -> list[int]:
     n_dev = len(cluster.devices)
-    persistent = [0] * n_dev
+    persistent = persistent_bytes_by(graph, device_of, n_dev)
     kept_on = [0] * n_dev
     kept = kept_activation_bytes(graph)
     for op, d in enumerate(device_of):
-        persistent[d] += graph.persistent_bytes[op]
         kept_on[d] += kept[op]
     order = stage_order(graph, device_of, n_dev)
     in_flight = [0] * n_dev

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from baechi.algorithms.base import Assignment, Problem
+from baechi.costmodel import persistent_bytes_by
 from baechi.errors import InfeasiblePlacement
 
 #: The scheduler looks at the clock once per this many committed ops (``Problem.deadline``).
@@ -106,9 +107,7 @@ class ListScheduler:
         g, n, n_dev = graph, len(graph), self.n_dev
         self.units = problem.units
         self.unit_device = list(self.units.pin)
-        self.unit_persistent = [
-            sum(g.persistent_bytes[op] for op in ops) for ops in self.units.members
-        ]
+        self.unit_persistent = persistent_bytes_by(g, self.units.unit_of, len(self.units))
         self.op_size = [g.temp_bytes[op] + g.output_bytes[op] for op in range(n)]
         self.by_size = [sorted(ops, key=lambda op: -self.op_size[op])
                         for ops in self.units.members]

@@ -67,7 +67,7 @@ from baechi.algorithms.base import Assignment, Problem, Progress
 from baechi.algorithms.etf import place_etf
 from baechi.algorithms.fill import place_fill
 from baechi.bounds import step_bound_us
-from baechi.costmodel import CostModel
+from baechi.costmodel import CostModel, persistent_bytes_by
 from baechi.errors import InfeasiblePlacement, InvalidPlan
 from baechi.simulate import Simulation, TransferKey, replay
 
@@ -324,8 +324,7 @@ class _Model:
         self.sent: dict[tuple[int, int, int], Any] = {}
         if self.channels:
             self._channels(messages, allowed, n_dev)
-        persistent = [sum(graph.persistent_bytes[v] for v in members)
-                      for members in units.members]
+        persistent = persistent_bytes_by(graph, units.unit_of, len(units))
         for d in range(n_dev):
             if math.isfinite(problem.budget[d]):
                 model.Add(sum(persistent[u] * on[u, d] for u in range(n_units)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from baechi.algorithms.base import Assignment, Problem
+from baechi.costmodel import persistent_bytes_by
 from baechi.errors import InfeasiblePlacement
 
 
@@ -40,7 +41,7 @@ def place_fill(problem: Problem) -> Assignment:
     persistent = [0] * n_dev  # resident from the start
     level = [0] * n_dev  # live outputs and copies, as the walk goes
     peak = [0] * n_dev  # highest level seen so far, persistent excluded
-    unit_persistent = [sum(graph.persistent_bytes[op] for op in ops) for ops in units.members]
+    unit_persistent = persistent_bytes_by(graph, units.unit_of, len(units))
     for unit, d in enumerate(unit_device):
         if d >= 0:
             persistent[d] += unit_persistent[unit]

@@ -31,6 +31,7 @@ from typing import Any
 
 from baechi.algorithms.base import Assignment, Problem
 from baechi.cluster import Cluster
+from baechi.costmodel import persistent_bytes_by
 from baechi.errors import InfeasiblePlacement
 from baechi.throughput import is_backward, kept_activation_bytes, tensors, throughput
 
@@ -335,8 +336,8 @@ def _cut(
     comm = diff.cumsum(axis=0).cumsum(axis=1)[:n, :n]
     upper = np.triu(np.ones((n, n), dtype=bool))
     persistent = np.zeros(n + 1)
-    persistent[1:] = np.cumsum([sum(graph.persistent_bytes[op] for op in units.members[u])
-                                for u in order])
+    unit_persistent = persistent_bytes_by(graph, units.unit_of, len(units))
+    persistent[1:] = np.cumsum([unit_persistent[u] for u in order])
     best = np.full(n + 1, np.inf)
     best[0] = 0.0  # best[x]: the least largest load placing the first x units
     choices = []
