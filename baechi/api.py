@@ -31,7 +31,7 @@ from baechi._version import __version__
 from baechi.algorithms import DEFAULT_ALGORITHM, get_algorithm
 from baechi.algorithms.base import Progress, no_progress
 from baechi.auto import Outcome, candidate_fields, meets_bound, place_auto
-from baechi.bounds import unit_floor
+from baechi.bounds import PACKING_TIME_LIMIT_S, pack_units, running_bytes, unit_floor
 from baechi.cluster import Cluster
 from baechi.costmodel import CostModel
 from baechi.errors import InfeasiblePlacement, PlacementError
@@ -141,6 +141,9 @@ def place(
                                     __version__)
     request = Request.of(graph, cluster, options, started, report)
     _check_units_fit(graph, cluster, request.units, request.cost)
+    tick = time.perf_counter()
+    _check_packing(request)
+    validate_s += time.perf_counter() - tick
     if algorithm == AUTO:
         outcome = place_auto(request)
         result = _Result(outcome.run, outcome.simulation, outcome.seconds,
@@ -348,6 +351,33 @@ def _check_units_fit(graph: Graph, cluster: Cluster, units: Units, cost: CostMod
             "bytes missing; add devices or memory",
             {"missing_bytes": persistent - sum(limits), **graph_needs(graph, cost)},
         )
+
+
+def _check_packing(request: Request) -> None:
+    """Fail fast when no split of the units over the devices fits memory
+    (:func:`~baechi.bounds.pack_units`, given at most a tenth of the time limit): the weights
+    may fit the cluster in sum, and each unit a device, but not all at once."""
+    graph, cluster, units, cost = request.graph, request.cluster, request.units, request.cost
+    if all(d.memory_bytes is None for d in cluster.devices):
+        return
+    limit_s = min(PACKING_TIME_LIMIT_S, request.options.time_limit_s / 10)
+    packing = pack_units(graph, cluster, units, cost, limit_s)
+    if packing.status != "impossible":
+        return
+    worst = max(range(len(graph)), key=lambda op: running_bytes(graph, op, cost))
+    limits = sorted({d.memory_bytes for d in cluster.devices if d.memory_bytes is not None})
+    held = ", ".join(map(str, limits))
+    raise InfeasiblePlacement(
+        f"no split of the graph over the {len(cluster.devices)} devices fits memory: its "
+        f"persistent bytes ({sum(graph.persistent_bytes)}, resident all step) cannot be shared "
+        "out so that every device also holds the running bytes of the ops placed there "
+        f"(op {graph.names[worst]!r} needs {running_bytes(graph, worst, cost)} while it runs; "
+        f"devices hold {held} bytes), colocation groups and forward pairs kept together: "
+        f"every device would need at least {packing.missing_bytes} bytes more (proved by "
+        "CP-SAT); add devices or memory",
+        {"op": graph.names[worst], "missing_bytes": packing.missing_bytes,
+         **graph_needs(graph, cost)},
+    )
 
 
 def _plan(

@@ -210,8 +210,8 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
         "Feasible = plans within memory / runs (of them, how many came from a fallback: the "
         "unreduced graph or m-fill); ratios are geometric means over the feasible runs; "
         "seconds are medians. Infeasible runs are rejected by a memory lower bound (a unit or "
-        "op that fits no device, or persistent bytes over the cluster's memory) or found no "
-        "plan; the per-run table says which.",
+        "op that fits no device, persistent bytes over the cluster's memory, or no split of "
+        "the units that fits) or found no plan; the per-run table says which.",
         "",
         "| network | memory | algorithm | pipeline | feasible (fallback) | step / lower bound | "
         "speedup vs 1 device | placement s (median) | max s |",

@@ -232,6 +232,14 @@ def test_fallback_chain_ends_with_m_fill_and_says_so(monkeypatch: pytest.MonkeyP
     plan = place(doc, two_devices(count=3, memory=1000), "all-on-0", {"allow_single": False})
     assert "placed with m-fill" in plan.stats.fallback
     assert plan.estimate.memory_ok and len(set(plan.placement.values())) == 3
+    # a fork-join on two 1000-byte devices: every op fits one (o0: 600 persistent + 400
+    # output), the weights split (o0 | o1), yet no plan fits (brute force): no bound catches
+    # it, no placer can place it
+    fork_join = graph_doc(
+        [op("o0", 10, persistent_bytes=600, output_bytes=400),
+         op("o1", 10, persistent_bytes=300, output_bytes=200),
+         op("o2", 10, output_bytes=200), op("o3", 10, output_bytes=200)],
+        [edge("o0", "o1", 400), edge("o0", "o2", 400), edge("o1", "o3", 200),
+         edge("o2", "o3", 200)])
     with pytest.raises(InfeasiblePlacement, match="no fallback found one either"):
-        # three 600-byte units, two 1000-byte devices: no bound catches it, no placer can
-        place(doc, two_devices(count=2, memory=1000), "all-on-0", {"allow_single": False})
+        place(fork_join, two_devices(count=2, memory=1000), "all-on-0", {"allow_single": False})

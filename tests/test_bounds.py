@@ -1,19 +1,25 @@
 """The step-time bound that counts forced transfers (baechi.bounds.step_bound_us): never above
 the best plan (brute force on tiny graphs with memory limits and pins), tight on a chain that
-memory must split, and what lets ``auto`` prove such a plan optimal."""
+memory must split, and what lets ``auto`` prove such a plan optimal. The packing of units
+(baechi.bounds.pack_units): never "impossible" where brute force finds a plan, and what lets a
+request fail fast."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
+from conftest import SHARED, needs_shared
 from helpers import edge, graph_doc, op
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from baechi import Cluster, load_graph, place
-from baechi.bounds import step_bound_us
-from baechi.costmodel import CostModel
+from baechi.bounds import pack_units, running_bytes, step_bound_us
+from baechi.costmodel import CostModel, persistent_bytes_by
+from baechi.errors import InfeasiblePlacement
+from baechi.graph import Graph
 from baechi.grouping import colocation_units
 from baechi.testing import brute_force
 
@@ -59,9 +65,33 @@ def check_bound(doc: dict, cluster: Cluster) -> None:
     assert bound >= floor
     assert bound <= best * (1 + 1e-9)  # inf when no plan fits: any bound holds
     event("feasible" if best < math.inf else "no plan fits")
+    check_packing(graph, cluster, best)
     if best < math.inf:
         event("raised above DESIGN's bound" if bound > floor else "DESIGN's bound")
         event("tight" if bound == pytest.approx(best) else "below the optimum")
+
+
+def check_packing(graph: Graph, cluster: Cluster, best: float) -> None:
+    """:func:`pack_units` decides these tiny cases, never calls one with a plan impossible,
+    and every packing it returns keeps pins and fits each device."""
+    units = colocation_units(graph, cluster)
+    cost = CostModel(graph, cluster)
+    packing = pack_units(graph, cluster, units, cost)
+    event(f"packing {packing.status}")
+    assert packing.status != "unknown"
+    if packing.status == "impossible":
+        assert best == math.inf
+        return
+    assert packing.unit_device is not None
+    device_of = [packing.unit_device[unit] for unit in units.unit_of]
+    held = persistent_bytes_by(graph, device_of, len(cluster.devices))
+    peak = [0] * len(cluster.devices)
+    for u, d in enumerate(packing.unit_device):
+        assert units.pin[u] in (-1, d)
+        for v in units.members[u]:
+            peak[d] = max(peak[d], running_bytes(graph, v, cost))
+    for d, device in enumerate(cluster.devices):
+        assert held[d] + peak[d] <= device.memory_bytes
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -185,3 +215,57 @@ def test_auto_proves_a_split_chain_optimal_by_the_bound() -> None:
     assert plan.estimate.step_time_us == pytest.approx(41.1)
     assert plan.stats.bound_us == pytest.approx(41.1)
     assert plan.stats.optimal is True
+
+
+# ---------------------------------------------------------------------------- packing
+
+#: Weights of 4, 4, 3, 3 and 2 MB on two 8 MB devices: they fit only as {4, 4} and {3, 3, 2},
+#: which first-fit decreasing misses (4 | 4, 3 | 3, then 2 fits neither).
+WEIGHTS = graph_doc([op(f"w{i}", 1, persistent_bytes=size * MB)
+                     for i, size in enumerate([4, 4, 3, 3, 2])], [])
+
+
+def test_cp_sat_packs_what_first_fit_decreasing_misses() -> None:
+    graph = load_graph(WEIGHTS)
+    cluster = Cluster.parse({"devices": {"count": 2, "memory_bytes": 8 * MB}})
+    units = colocation_units(graph, cluster)
+    packing = pack_units(graph, cluster, units, CostModel(graph, cluster))
+    assert packing.status == "packed"
+    assert packing.unit_device is not None
+    pairs = {tuple(u for u, d in enumerate(packing.unit_device) if d == device)
+             for device in (0, 1)}
+    assert pairs == {(0, 1), (2, 3, 4)}
+    place(WEIGHTS, cluster, "m-etf")  # and a plan exists
+
+
+def test_a_request_no_split_fits_fails_fast_naming_the_cause() -> None:
+    # 16 MB of weights in 17.6 MB, each under a device's 8.8 MB: every check of one unit or
+    # of the total passes, yet no split of 4, 4, 3, 3, 2 leaves 0.8 MB for the 1 MB output
+    doc = graph_doc([*WEIGHTS["ops"], op("out", 1, output_bytes=1 * MB)], [])
+    cluster = {"devices": {"count": 2, "memory_bytes": 8 * MB + 800_000}}
+    for algorithm in ("auto", "m-etf", "m-fill"):
+        with pytest.raises(InfeasiblePlacement, match="no split of the graph over the 2 devices"
+                           r".*op 'out' needs 1000000 while it runs") as error:
+            place(doc, cluster, algorithm, {"time_limit_s": 5})
+        # the best splits, {4, 4} or {3, 3, 2} with the output, are 0.2 MB over
+        assert error.value.details["op"] == "out"
+        assert 180_000 <= error.value.details["missing_bytes"] <= 200_000
+    # with room for the output on one device, the weights split as {4, 4} and {3, 3, 2} +
+    # output: a plan
+    plan = place(doc, {"devices": {"count": 2, "memory_bytes": 9 * MB}}, "auto",
+                 {"time_limit_s": 5})
+    assert plan.estimate.memory_ok
+
+
+@needs_shared
+def test_bert_inference_at_30_percent_is_proved_infeasible() -> None:
+    # bert_l-6_inference_operator at 30% of its single-device peak on 4 devices: its 2.23 GB
+    # of weights fit the 3.15 GB in sum and each colocation group fits a device, but no
+    # split does (two groups of 375 MB and the ops that need 392 MB while they run); before
+    # the packing check every placer searched its whole time limit for a plan
+    path = SHARED / "graphs" / "dnn-partitioning" / "latency-inputs" / \
+        "bert_l-6_inference_operator.json"
+    doc = json.loads(path.read_text())
+    cluster = {"devices": {"count": 4, "memory_bytes": 787_011_564}}
+    with pytest.raises(InfeasiblePlacement, match="no split of the graph over the 4 devices"):
+        place(doc, cluster, "auto", {"time_limit_s": 30})
