@@ -24,7 +24,8 @@ wins, so ``auto`` is never slower than any candidate it ran):
    memory-first segments. When none of the cheap candidates (up to m-fill) found a plan,
    the first blind start runs right after them, before the costlier ones take the time.
    With still no plan, a last repair starts from the persistent bytes spread evenly
-   (:data:`SPREAD_LABEL`).
+   (:data:`SPREAD_LABEL`); where they fill at least :data:`SPREAD_EARLY_SHARE` of the
+   memory, right after that first blind start.
 3. The single-device plan, when the whole graph fits on one device.
 4. Local search (:func:`baechi.search.improve`) from the best plan, on the unreduced graph's
    units, in slices until :data:`SEARCH_PATIENCE` slices in a row gain less than
@@ -211,6 +212,21 @@ BLIND_SHARE = 0.45
 #: had no plan; repaired ("cheapest") from this start in 0.3 s, 297.3 ms (NVLink).
 SPREAD_LABEL = "the persistent bytes spread evenly"
 
+#: When the persistent bytes fill at least this share of the devices' memory and neither the
+#: cheap candidates nor the first blind start found a plan, the spread start runs right after
+#: them rather than last: it is the start made for weights that fill the devices, and the
+#: costlier candidates would take a short time limit first. resnet50_inference_layer on 14
+#: devices at its suggested 2 GiB (weights 65% of the cluster's memory) had no plan at 2 s;
+#: now NVLink 294.6 ms, PCIe 3058-3135 ms. Until a better plan comes, its plan (every tensor
+#: crosses devices) does not stop the refused plans' repairs, which run while there is no
+#: plan. A/B at 2 s on the inference graphs' 30% and suggested settings (where weights fill
+#: half the memory; ``python bench/compare.py --graph inference --memory suggested --memory
+#: 30% --a baechi.auto.SPREAD_EARLY_SHARE=100 --b baechi.auto.SPREAD_EARLY_SHARE=0.5``):
+#: the two plans, geomean 1.002 of the others, the one loss resnet50_inference_operator
+#: (PCIe, suggested: 9 devices) 585.9 -> 589-629 ms, local search getting 0.25 s less.
+#: Training graphs' weights fill under a quarter of the memory at the benchmark's levels.
+SPREAD_EARLY_SHARE = 0.5
+
 #: The note of a candidate that found no plan within memory.
 NO_FIT = "no plan within memory"
 
@@ -318,6 +334,8 @@ def place_auto(request: Request) -> Outcome:
     blind_started: set[tuple[str, bool, Strategy]] = set()  # the BLIND_STARTS that ran
     single: Simulation | None = None
     blind_done = False
+    spread_done = False
+    spread_best: Run | None = None  # the best plan when it is the spread start's repair
     repaired_runs: list[Run] = []
     repaired_ids: set[int] = set()  # ids of the runs whose refused plans were repaired
 
@@ -336,19 +354,28 @@ def place_auto(request: Request) -> Outcome:
             if best is None or fixed.estimate.step_time_us < _step_of(best):
                 best = run
 
+    def spread() -> None:  # once, while no plan: the persistent bytes spread evenly
+        nonlocal spread_done, spread_best
+        spread_done = True
+        start = spread_plan(request) if not request.expired() else None
+        if start is not None:
+            take(_repairs(request, [(start, SPREAD_LABEL, False, CANDIDATE_SHARE, "cheapest")],
+                          math.inf))
+            spread_best = best
+
     def blind() -> None:  # once: before the solver, which may take the time left
         nonlocal single, blind_done
         blind_done = True
         single = single_plan(request)
-        if best is None:  # a plan within memory first: the refused plans are closest to one
+        # a plan within memory first: the refused plans are closest to one (closer than the
+        # spread start's, where every tensor crosses devices)
+        if best is None or best is spread_best:
             take(_repairs(request, _refused_starts(request, runs, repaired_ids), _step_of(best)))
         if best is None or not meets_bound(best.simulation, _bound(request, runs)):
             starts = _blind_starts(request, blind_started, skip_single=single is not None)
             take(_repairs(request, starts, _step_of(best)))
-        spread = spread_plan(request) if best is None and not request.expired() else None
-        if spread is not None:  # still nothing: the persistent bytes spread evenly
-            take(_repairs(request, [(spread, SPREAD_LABEL, False, CANDIDATE_SHARE, "cheapest")],
-                          math.inf))
+        if best is None and not spread_done:
+            spread()
 
     for i, entry in enumerate(entries):
         # the first candidate always runs; past the deadline, only a last resort while
@@ -363,6 +390,8 @@ def place_auto(request: Request) -> Outcome:
         elif best is None and i > last_cheap and not blind_started:
             take(_repairs(request, _blind_starts(request, blind_started, skip_single=True,
                                                  first_only=True), _step_of(best)))
+            if best is None and _weights_fill(request):
+                spread()
         report("auto", i / (len(entries) + 2))
         tick = time.perf_counter()
         first = best is None and (not runs or entry.last_resort)
@@ -526,6 +555,15 @@ def _refused_starts(request: Request, runs: list[Run], repaired: set[int]
     repaired.update(id(r) for r in chosen)
     return [(r.refused, f"{r.algorithm}'s plan", r.pipeline, CANDIDATE_SHARE, "largest")
             for r in chosen if r.refused is not None]
+
+
+def _weights_fill(request: Request) -> bool:
+    """Whether the persistent bytes fill at least :data:`SPREAD_EARLY_SHARE` of the memory
+    of the devices that have a limit (all of them: an unlimited device holds any share)."""
+    limits = [d.memory_bytes for d in request.cluster.devices]
+    if None in limits:
+        return False
+    return sum(request.graph.persistent_bytes) >= SPREAD_EARLY_SHARE * sum(limits)  # type: ignore[arg-type]
 
 
 def _blind_starts(request: Request, started: set[tuple[str, bool, Strategy]], *,
