@@ -31,7 +31,7 @@ from baechi._version import __version__
 from baechi.algorithms import DEFAULT_ALGORITHM, get_algorithm
 from baechi.algorithms.base import Progress, no_progress
 from baechi.auto import Outcome, candidate_fields, meets_bound, place_auto
-from baechi.bounds import PACKING_TIME_LIMIT_S, pack_units, running_bytes, unit_floor
+from baechi.bounds import PACKING_TIME_LIMIT_S, pack_units, unit_floor
 from baechi.cluster import Cluster
 from baechi.costmodel import CostModel
 from baechi.errors import InfeasiblePlacement, PlacementError
@@ -140,7 +140,7 @@ def place(
         return place_for_throughput(graph, cluster, cluster_json, algorithm, options, report,
                                     __version__)
     request = Request.of(graph, cluster, options, started, report)
-    _check_units_fit(graph, cluster, request.units, request.cost)
+    check_units_fit(graph, cluster, request.units, request.cost)
     tick = time.perf_counter()
     _check_packing(request)
     validate_s += time.perf_counter() - tick
@@ -322,7 +322,7 @@ def _faster_single(request: Request, simulation: Simulation) -> Simulation | Non
     return None
 
 
-def _check_units_fit(graph: Graph, cluster: Cluster, units: Units, cost: CostModel) -> None:
+def check_units_fit(graph: Graph, cluster: Cluster, units: Units, cost: CostModel) -> None:
     """Fail fast, naming the op, when a unit cannot fit on any device it may use
     (:func:`~baechi.bounds.unit_floor`: no plan can use less on the unit's device)."""
     limits = [math.inf if d.memory_bytes is None else d.memory_bytes for d in cluster.devices]
@@ -332,7 +332,7 @@ def _check_units_fit(graph: Graph, cluster: Cluster, units: Units, cost: CostMod
         room = limits[pin] if pin >= 0 else largest
         if math.isinf(room):
             continue
-        need, worst = unit_floor(graph, units, unit)
+        need, worst = unit_floor(graph, units, unit, cost)
         if need > room:
             name = graph.names[worst]
             what = (f"op {name!r}" if len(ops) == 1 else
@@ -364,14 +364,15 @@ def _check_packing(request: Request) -> None:
     packing = pack_units(graph, cluster, units, cost, limit_s)
     if packing.status != "impossible":
         return
-    worst = max(range(len(graph)), key=lambda op: running_bytes(graph, op, cost))
+    running = cost.op_running_bytes
+    worst = max(range(len(graph)), key=running.__getitem__)
     limits = sorted({d.memory_bytes for d in cluster.devices if d.memory_bytes is not None})
     held = ", ".join(map(str, limits))
     raise InfeasiblePlacement(
         f"no split of the graph over the {len(cluster.devices)} devices fits memory: its "
         f"persistent bytes ({sum(graph.persistent_bytes)}, resident all step) cannot be shared "
         "out so that every device also holds the running bytes of the ops placed there "
-        f"(op {graph.names[worst]!r} needs {running_bytes(graph, worst, cost)} while it runs; "
+        f"(op {graph.names[worst]!r} needs {running[worst]} while it runs; "
         f"devices hold {held} bytes), colocation groups and forward pairs kept together: "
         f"every device would need at least {packing.missing_bytes} bytes more (proved by "
         "CP-SAT); add devices or memory",
@@ -429,4 +430,4 @@ def _finite(value: Any) -> Any:
     return value
 
 
-__all__ = ["place"]
+__all__ = ["check_units_fit", "place"]

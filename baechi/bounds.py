@@ -12,55 +12,23 @@ from typing import Literal, NamedTuple
 from ortools.sat.python import cp_model
 
 from baechi.cluster import Cluster
-from baechi.costmodel import CostModel, instant, persistent_bytes_by
+from baechi.costmodel import CostModel, persistent_bytes_by
 from baechi.graph import Graph
 from baechi.grouping import Units
 
 
-def running_bytes(graph: Graph, op: int, cost: CostModel | None = None) -> int:
-    """Bytes that must be resident on ``op``'s device while it runs, whatever the plan.
-
-    Its temp and output are allocated when it starts; each input tensor is there until it
-    ends, as the producer's output or as a received copy (whichever is smaller counts). A
-    zero-time op frees its inputs at the instant it allocates, so only its own bytes count
-    (:meth:`CostModel.instant_somewhere <baechi.costmodel.CostModel.instant_somewhere>`;
-    without ``cost``, the op's ``compute_us`` at speed 1 decides).
-
-    Examples
-    --------
-    >>> from baechi import load_graph
-    >>> g = load_graph({"format": "baechi.graph/v1", "ops": [
-    ...     {"name": "a", "compute_us": 1, "output_bytes": 100},
-    ...     {"name": "b", "compute_us": 1, "output_bytes": 50, "temp_bytes": 7}],
-    ...     "edges": [{"src": "a", "dst": "b", "bytes": 80}]})
-    >>> running_bytes(g, 1)
-    137
-    """
-    need = graph.temp_bytes[op] + graph.output_bytes[op]
-    if cost.instant_somewhere(op) if cost is not None else instant(graph.compute_us[op]):
-        return need
-    inputs: dict[tuple[int, str], int] = {}
-    for k in graph.in_edges[op]:
-        if not graph.edge_control[k]:
-            src = graph.edge_src[k]
-            held = min(graph.edge_bytes[k], graph.output_bytes[src])
-            key = (src, graph.edge_tensor[k])
-            inputs[key] = max(inputs.get(key, 0), held)
-    return need + sum(inputs.values())
-
-
-def unit_floor(
-    graph: Graph, units: Units, unit: int, cost: CostModel | None = None
-) -> tuple[int, int]:
+def unit_floor(graph: Graph, units: Units, unit: int, cost: CostModel) -> tuple[int, int]:
     """(bytes, op): what the unit's device must hold at least, and the op where it peaks.
 
     Every member's persistent bytes are resident all step, plus the running bytes of the
-    member that needs most.
+    member that needs most (:attr:`CostModel.op_running_bytes
+    <baechi.costmodel.CostModel.op_running_bytes>`).
     """
     members = units.members[unit]
     persistent = sum(graph.persistent_bytes[op] for op in members)
-    worst = max(members, key=lambda op: running_bytes(graph, op, cost))
-    return persistent + running_bytes(graph, worst, cost), worst
+    running = cost.op_running_bytes
+    worst = max(members, key=running.__getitem__)
+    return persistent + running[worst], worst
 
 
 #: How long :func:`pack_units` lets CP-SAT look for a packing (or prove there is none) after
@@ -95,7 +63,7 @@ def pack_units(
     time_limit_s: float = PACKING_TIME_LIMIT_S,
 ) -> Packing:
     """A device per unit such that, on every device, its units' persistent bytes plus the
-    largest :func:`running_bytes` of an op placed there fit its memory.
+    largest :func:`~baechi.costmodel.running_bytes` of an op placed there fit its memory.
 
     Every plan within memory is such a packing (persistent bytes are resident all step, and
     each op's running bytes are there while it runs), so when none exists no plan fits,
@@ -128,9 +96,9 @@ def pack_units(
     end = time.perf_counter() + time_limit_s
     limits = [math.inf if d.memory_bytes is None else d.memory_bytes for d in cluster.devices]
     held = persistent_bytes_by(graph, units.unit_of, len(units))
-    need = [max(running_bytes(graph, op, cost) for op in members) for members in units.members]
-    allowed = [[units.pin[u]] if units.pin[u] >= 0 else cost.devices_for(units.members[u])
-               for u in range(len(units))]
+    running = cost.op_running_bytes
+    need = [max(running[op] for op in members) for members in units.members]
+    allowed = cost.unit_devices(units)
     if not all(allowed):
         return Packing("impossible")  # CostModel.check_runnable names the op
     order = sorted(range(len(units)), key=lambda u: -(held[u] + need[u]))
@@ -222,11 +190,12 @@ def step_bound_us(graph: Graph, cluster: Cluster, units: Units, cost: CostModel)
     """A lower bound of every plan's step time that counts the transfers placement forces.
 
     A stretch of a chain of ops cannot run on one device when its units' persistent bytes
-    plus, while one of its ops runs, the op's running bytes (:func:`running_bytes`) and the
-    outputs of earlier ops of the stretch that later ones read (a residual block's skip
-    tensor, held on the device until its reader ends) exceed the largest device, or when it
-    holds two different pins: one of its edges then crosses devices, and
-    a crossing edge delays its consumer by at least the edge's fastest transfer
+    plus, while one of its ops runs, the op's running bytes
+    (:func:`~baechi.costmodel.running_bytes`) and the outputs of earlier ops of the stretch
+    that later ones read (a residual block's skip tensor, held on the device until its reader
+    ends) exceed the largest device, or when it holds two different pins: one of its edges
+    then crosses devices, and a crossing edge delays its consumer by at least the edge's
+    fastest transfer
     (:meth:`CostModel.fastest_transfer_us <baechi.costmodel.CostModel.fastest_transfer_us>`;
     channels can only add to it). So the chain takes at least its compute (each op at its
     fastest) plus the cheapest set of its edges that splits every such stretch (an interval
@@ -262,7 +231,7 @@ def step_bound_us(graph: Graph, cluster: Cluster, units: Units, cost: CostModel)
         return floor  # nothing forces ops apart
     capacity = math.inf if None in limits else float(max(limits))  # type: ignore[type-var]
     unit_persistent = persistent_bytes_by(graph, units.unit_of, len(units))
-    running = [running_bytes(graph, op, cost) for op in range(len(graph))]
+    running = cost.op_running_bytes
 
     def apart(k: int) -> bool:  # whether edge k's ends cannot share a device
         return _cover_us(graph, cost, [graph.edge_src[k], graph.edge_dst[k]], unit_persistent,

@@ -1,6 +1,7 @@
 """The cost model's facts (DESIGN §4) in one place: what an op costs on a device, what a
 message between two devices costs, which messages are the same message (caching), when an
-op counts as instant, and the memory proxy of a set of ops.
+op counts as instant, which devices a unit may use, the bytes an op holds while it runs, and
+the memory proxy of a set of ops.
 
 The simulator and every placer ask a :class:`CostModel` rather than computing times from the
 graph and cluster themselves, so a rule changes in one place. Build it once per request: it
@@ -19,13 +20,17 @@ Examples
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from baechi.cluster import Cluster
 from baechi.errors import InfeasiblePlacement
 from baechi.graph import Graph
+
+if TYPE_CHECKING:
+    from baechi.grouping import Units  # grouping imports this module
 
 #: Ops shorter than this (µs) may end at the instant they start once added to a start time
 #: (floating point), and then free their inputs before allocating: their inputs do not count.
@@ -149,6 +154,18 @@ class CostModel:
         ops = list(ops)
         return [d for d, us in enumerate(self.op_us) if all(us[op] != math.inf for op in ops)]
 
+    def unit_devices(self, units: Units) -> list[list[int]]:
+        """Per unit, the devices it may go to: its pin, else every device where all its
+        members can run (:meth:`devices_for`), in cluster order; empty where none can."""
+        return [[pin] if pin >= 0 else self.devices_for(members)
+                for pin, members in zip(units.pin, units.members, strict=True)]
+
+    @functools.cached_property
+    def op_running_bytes(self) -> list[int]:
+        """Every op's :func:`running_bytes` under this cost model (its zero-time rule),
+        computed once: the memory checks and bounds of a request each read it."""
+        return [running_bytes(self.graph, op, self) for op in range(len(self.graph))]
+
     def check_runnable(self) -> None:
         """Raise :class:`~baechi.errors.InfeasiblePlacement` naming the first op that can run
         on no device of the cluster (``compute_us_by_kind`` null for every kind there)."""
@@ -221,6 +238,38 @@ def _op_times(graph: Graph, kind: str, speed: float) -> list[float]:
                 us = by_kind[kind]
                 times[op] = math.inf if us is None else us
     return times
+
+
+def running_bytes(graph: Graph, op: int, cost: CostModel | None = None) -> int:
+    """Bytes that must be resident on ``op``'s device while it runs, whatever the plan.
+
+    Its temp and output are allocated when it starts; each input tensor is there until it
+    ends, as the producer's output or as a received copy (whichever is smaller counts). A
+    zero-time op frees its inputs at the instant it allocates, so only its own bytes count
+    (:meth:`CostModel.instant_somewhere`; without ``cost``, the op's ``compute_us`` at speed 1
+    decides). :attr:`CostModel.op_running_bytes` holds every op's.
+
+    Examples
+    --------
+    >>> from baechi import load_graph
+    >>> g = load_graph({"format": "baechi.graph/v1", "ops": [
+    ...     {"name": "a", "compute_us": 1, "output_bytes": 100},
+    ...     {"name": "b", "compute_us": 1, "output_bytes": 50, "temp_bytes": 7}],
+    ...     "edges": [{"src": "a", "dst": "b", "bytes": 80}]})
+    >>> running_bytes(g, 1)
+    137
+    """
+    need = graph.temp_bytes[op] + graph.output_bytes[op]
+    if cost.instant_somewhere(op) if cost is not None else instant(graph.compute_us[op]):
+        return need
+    inputs: dict[tuple[int, str], int] = {}
+    for k in graph.in_edges[op]:
+        if not graph.edge_control[k]:
+            src = graph.edge_src[k]
+            held = min(graph.edge_bytes[k], graph.output_bytes[src])
+            key = (src, graph.edge_tensor[k])
+            inputs[key] = max(inputs.get(key, 0), held)
+    return need + sum(inputs.values())
 
 
 def memory_proxy(graph: Graph, ops: Iterable[int]) -> int:
@@ -322,4 +371,5 @@ class MemoryProxy:
 
 __all__ = [
     "INSTANT_US", "CostModel", "MemoryProxy", "instant", "memory_proxy", "persistent_bytes_by",
+    "running_bytes",
 ]

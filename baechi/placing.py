@@ -295,14 +295,13 @@ def spread_plan(request: Request) -> Simulation | None:
     """
     graph, units, cost = request.graph, request.units, request.cost
     held = [0] * len(request.cluster.devices)
-    unit_device = list(units.pin)
+    allowed = cost.unit_devices(units)
+    if not all(allowed):
+        return None
+    unit_device = [0] * len(units)
     weight = persistent_bytes_by(graph, units.unit_of, len(units))
-    for unit in sorted(range(len(units.members)), key=lambda u: -weight[u]):
-        if unit_device[unit] < 0:
-            allowed = cost.devices_for(units.members[unit])
-            if not allowed:
-                return None
-            unit_device[unit] = min(allowed, key=held.__getitem__)
+    for unit in sorted(range(len(units)), key=lambda u: -weight[u]):
+        unit_device[unit] = min(allowed[unit], key=held.__getitem__)
         held[unit_device[unit]] += weight[unit]
     device_of = [unit_device[units.unit_of[op]] for op in range(len(graph))]
     orders: list[list[int]] = [[] for _ in held]

@@ -103,7 +103,7 @@ def repair(
     current = evaluator.run(list(device_of), [list(o) for o in orders])
     assert current is not None and current.peaks is not None
     weight = [memory_proxy(graph, members) for members in units.members]
-    allowed = [cost.devices_for(members) for members in units.members]
+    allowed = cost.unit_devices(units)
     while _excess(current, limits) > 0 and time.perf_counter() < deadline:
         if current.step_us >= give_up_us:
             return None

@@ -156,14 +156,7 @@ class _Search:
         self.n_dev = len(cluster.devices)
         self.limits = [math.inf if d.memory_bytes is None else d.memory_bytes
                        for d in cluster.devices]
-        op_us = cost.op_us
-        self.allowed: list[list[int]] = []
-        for unit, members in enumerate(units.members):
-            pin = units.pin[unit]
-            self.allowed.append([
-                d for d in range(self.n_dev)
-                if (pin < 0 or pin == d) and all(math.isfinite(op_us[d][op]) for op in members)
-            ])
+        self.allowed = cost.unit_devices(units)
         self.unit_persistent = persistent_bytes_by(graph, units.unit_of, len(units))
         self.chain_prev, self.chain_next = _chain_links(graph)
         self.adopt(device_of, rank, evaluation)

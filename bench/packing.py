@@ -27,7 +27,7 @@ from memory_sweep import FRACTIONS  # noqa: E402
 from run import fraction_settings, graphs_or_exit, settings, single_peak  # noqa: E402
 
 from baechi import Cluster, load_graph  # noqa: E402
-from baechi.api import _check_units_fit  # noqa: E402
+from baechi.api import check_units_fit  # noqa: E402
 from baechi.bounds import pack_units  # noqa: E402
 from baechi.costmodel import CostModel  # noqa: E402
 from baechi.errors import InfeasiblePlacement  # noqa: E402
@@ -56,7 +56,7 @@ def main() -> int:
             cost = CostModel(graph, cluster)
             units = colocation_units(graph, cluster)
             try:
-                _check_units_fit(graph, cluster, units, cost)
+                check_units_fit(graph, cluster, units, cost)
             except InfeasiblePlacement:
                 counts["a unit fits no device"] += 1
                 continue

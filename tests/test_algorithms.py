@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from baechi import Cluster, InfeasiblePlacement, InvalidRequest, load_graph, place, simulate
 from baechi.algorithms import ALGORITHMS
-from baechi.bounds import running_bytes
+from baechi.costmodel import running_bytes
 from baechi.simulate import single_device_run
 
 PLACERS = ["auto", *ALGORITHMS]  # the step-time objective's placers

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from baechi import Cluster, load_graph, place
-from baechi.bounds import pack_units, running_bytes, step_bound_us
-from baechi.costmodel import CostModel, persistent_bytes_by
+from baechi.bounds import pack_units, step_bound_us
+from baechi.costmodel import CostModel, persistent_bytes_by, running_bytes
 from baechi.errors import InfeasiblePlacement
 from baechi.graph import Graph
 from baechi.grouping import colocation_units
@@ -255,6 +255,24 @@ def test_a_request_no_split_fits_fails_fast_naming_the_cause() -> None:
     plan = place(doc, {"devices": {"count": 2, "memory_bytes": 9 * MB}}, "auto",
                  {"time_limit_s": 5})
     assert plan.estimate.memory_ok
+
+
+def test_the_unit_check_counts_an_op_zero_time_on_the_cluster_as_instant() -> None:
+    # b takes 10 µs at speed 1 but no time on a gpu: it frees a's 600 bytes before it
+    # allocates its own 10, so the gpu holds 600 at most. The check of single units once
+    # judged b by compute_us alone (610 bytes while it runs) and refused this request.
+    doc = graph_doc(
+        [op("a", 10, output_bytes=600),
+         op("b", 10, output_bytes=10, compute_us_by_kind={"gpu": 0}), op("c", 10)],
+        [edge("a", "b", 600), edge("b", "c", 10)])
+    cluster = {"devices": {"count": 2, "memory_bytes": 605}}
+    for algorithm in ("auto", "m-etf"):
+        plan = place(doc, cluster, algorithm, {"time_limit_s": 2})
+        assert plan.estimate.memory_ok
+        assert max(plan.estimate.peak_memory_bytes.values()) == 600
+    cluster = {"devices": {"count": 2, "memory_bytes": 599}}
+    with pytest.raises(InfeasiblePlacement, match="op 'a' needs 600 bytes"):
+        place(doc, cluster, "m-etf")
 
 
 @needs_shared
