@@ -12,7 +12,7 @@ wins, so ``auto`` is never slower than any candidate it ran):
    else on graphs the pipeline reduces to :data:`EXACT_MAX_NODES` nodes or fewer; from its
    own start (m-ETF's plan, or m-fill's when m-ETF's overshoots memory), as ``exact`` alone
    starts; on a reduced graph on the relaxed model (``Problem.relaxed``: sequential mode's
-   channels left out), which finds faster plans in the time it gets here (see
+   channels and received copies left out), which finds faster plans in the time it gets here (see
    :data:`PORTFOLIO`). Each candidate after the first may use :data:`CANDIDATE_SHARE` of the
    time left, ``exact`` :data:`EXACT_SHARE`. A candidate whose algorithm is not registered
    (:data:`baechi.algorithms.ALGORITHMS`) is skipped.
@@ -261,8 +261,13 @@ class Entry:
 #: The candidates, in the order they run: the first plan as m-ETF gives it, then the cheap
 #: and different ones (m-TOPO and m-fill take milliseconds and are what fits under tight
 #: memory), then the costlier list schedulers and the solver. On a reduced graph the solver
-#: first solves its relaxed model (no channels): CP-SAT finds fast plans of it sooner, and
-#: the replay judges them with the channels. ``exact`` alone at 1 s on
+#: first solves its relaxed model (no channels, no received copies): CP-SAT finds fast plans
+#: of it sooner, and the replay judges them with the channels and the copies. Received copies
+#: in the full model only: ``auto`` at 2 s on the PCIe memory-limited settings, geomean
+#: 1.0009 of none anywhere (7 faster, 10 slower, within the noise of two passes), where in
+#: the relaxed model too, 1.0013 over both networks (``resnet50_training_layer``, PCIe, 50%:
+#: 375.7 -> 434.2 ms, its relaxed run no longer proving the reduced graph's optimum in time).
+#: ``exact`` alone at 1 s on
 #: inceptionv3_training_layer reduced (52 nodes, PCIe, 30% memory): 958 ms on the full model,
 #: 721-768 ms relaxed. On the graph itself (a proof then holds for the request) it solves the
 #: full model, as named ``exact`` does: relaxed there, bert24_training_layer (64 ops, PCIe,
@@ -411,7 +416,7 @@ def place_auto(request: Request) -> Outcome:
             seconds=time.perf_counter() - tick,
             note="; ".join(
                 ([] if run.error is None else [NO_FIT])
-                + (["relaxed model (no channels)"] if _relaxed(request, entry) else []))))
+                + ([_relaxed_note(request)] if _relaxed(request, entry) else []))))
         if run.simulation is not None and (best is None or _faster(run, best)):
             best = run
     if not blind_done and not request.expired():
@@ -573,7 +578,7 @@ def _blind_starts(request: Request, started: set[tuple[str, bool, Strategy]], *,
     single-device plan not when it fits. Each gets an equal part of :data:`BLIND_SHARE`;
     with ``first_only`` the first one alone, with a candidate's share
     (:data:`CANDIDATE_SHARE`)."""
-    if all(d.memory_bytes is None for d in request.cluster.devices):
+    if not _limited(request):
         return []
     starts = [start for start in BLIND_STARTS
               if start not in started and start[0] in ALGORITHMS
@@ -650,8 +655,21 @@ def _signature(simulation: Simulation) -> int:
 
 
 def _relaxed(request: Request, entry: Entry) -> bool:
-    """Whether ``entry`` solves a relaxed model here (parallel mode has no channels)."""
-    return entry.relaxed and request.cost.sequential
+    """Whether ``entry`` solves a relaxed model here (parallel mode has no channels, and
+    without memory limits no copy is held)."""
+    return entry.relaxed and (request.cost.sequential or _limited(request))
+
+
+def _relaxed_note(request: Request) -> str:
+    """What the relaxed model leaves out on ``request``."""
+    left_out = (["no channels"] if request.cost.sequential else []) + \
+        (["no received copies in memory"] if _limited(request) else [])
+    return f"relaxed model ({', '.join(left_out)})"
+
+
+def _limited(request: Request) -> bool:
+    """Whether some device has a memory limit."""
+    return any(d.memory_bytes is not None for d in request.cluster.devices)
 
 
 def _faster(run: Run, best: Run) -> bool:

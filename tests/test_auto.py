@@ -252,7 +252,7 @@ def test_relaxed_solver_run_is_followed_by_the_full_model(
                 if c.devices == 4 and c.ccr == 3)
     plan = place(case.graph, case.cluster, options={"time_limit_s": 5})
     notes = [c.note for c in plan.stats.candidates if c.algorithm == "exact"]
-    assert notes[0] == "relaxed model (no channels)"
+    assert notes[0] == "relaxed model (no channels)"  # no memory limit: copies count nowhere
     assert notes[1].startswith("again, from")
     assert simulate(case.graph, plan).step_time_us == plan.estimate.step_time_us
 

@@ -368,6 +368,25 @@ def test_outputs_held_over_time_fit_memory() -> None:
     assert result.stats["optimal"] is True and run.estimate.step_time_us == 4.0
 
 
+def test_received_copies_count_in_memory() -> None:
+    """Two devices of 8 bytes. a (6 µs) feeds b (4 µs, an 8-byte tensor) and c (6 µs, 7
+    bytes; 3 persistent bytes), c feeds d (6 µs). b on the other device would end at 18 µs,
+    but that device would hold the 8-byte copy and b's output: 9 bytes; c there would hold
+    its weights and a 7-byte copy. One device (22 µs) is the optimum. Without received
+    copies the model proved no more than 18 µs and its plan overshot."""
+    doc = graph_doc([op("a", 6, output_bytes=1, persistent_bytes=1), op("b", 4, output_bytes=1),
+                     op("c", 6, persistent_bytes=3), op("d", 6, output_bytes=1,
+                                                        persistent_bytes=1)],
+                    [edge("a", "b", 8), edge("a", "c", 7), edge("c", "d", 4)])
+    problem = problem_of(doc, small_cluster(2, memory_bytes=8), time_limit_s=10)
+    best, _, _ = brute_force(problem.graph, problem.cluster, problem.units)
+    result = place_exact(problem)
+    run = replayed(problem, result)
+    assert best == 22.0
+    assert run.estimate.memory_ok and run.estimate.step_time_us == 22.0
+    assert result.stats["optimal"] is True and result.stats["bound_us"] == 22.0
+
+
 def test_own_warm_start_fits_memory_where_m_etf_overshoots() -> None:
     """A layered graph on 2 devices of 40 bytes: m-ETF's plan overshoots under the
     simulator, m-fill's fits, so exact starts from m-fill's (a hint over memory is no

@@ -44,7 +44,8 @@ class Problem:
     #: A plan to start from (``exact`` warm-starts from it and never returns a slower one).
     hint: Assignment | None = None
     #: Solve a relaxation that finds fast plans sooner: ``exact`` leaves the channels of
-    #: sequential mode out of its model (its bound still holds; its plans are replayed).
+    #: sequential mode and, under memory limits, the received copies out of its model (its
+    #: bound still holds; its plans are replayed).
     relaxed: bool = False
     cost: CostModel = None  # type: ignore[assignment]  # built in __post_init__
 

@@ -11,8 +11,9 @@ The model, for a graph small enough (:data:`EXACT_MAX_OPS`; ``auto`` calls it on
 - sequential mode: each message is also an optional interval on the sender's and the
   receiver's channel, which carry one message at a time;
 - the persistent bytes placed on a device fit its budget, and under a budget the bytes held
-  over time (persistent, temps while ops run, outputs until their last consumer on the
-  device ends; received copies left out) too;
+  over time too: persistent, temps while ops run, outputs until their last consumer on the
+  device ends and their messages elsewhere arrive, received copies while their consumers
+  there run and their transfer before (:meth:`_Model._memory`);
 - minimise the makespan.
 
 What is exact and what is not (details in ``docs/exact.md``). Every simulator run of any plan is
@@ -21,8 +22,9 @@ of every plan's step time (``stats.bound_us``). With ``network.mode: "parallel"`
 limit the model is the simulator's cost model too: the replay of the solver's plan equals its
 objective, and an OPTIMAL status is the best step time of any plan. In sequential mode the
 simulator books channels first come, first served, which the solver's channel order may not
-follow, and under memory limits the model leaves out received copies and the replay may
-start ops earlier than the solution (allocating earlier): there the plan's step time and peak
+follow, and under memory limits the model holds each tensor for the least time the simulator
+can (a relaxation) and the replay may start ops earlier than the solution (allocating
+earlier): there the plan's step time and peak
 are its replay. In sequential mode the plan also carries the solution's channel order
 (``Assignment.transfer_order``: each channel's messages by their start in the solution), and
 the replay books the channels in that order when that is faster than first come, first
@@ -159,7 +161,7 @@ def place_exact(problem: Problem) -> Assignment:
         hint, hint_run = _own_hint(problem) or (None, None)
     floor_us = cost.lower_bound_us()  # the model's makespan holds it in every solution
     # every plan's, transfers that memory forces included: reported, not given to the model
-    # (whose memory rule leaves out received copies, so its solutions need not meet it)
+    # (whose memory rule is not the bound's, so its solutions need not meet it)
     request_floor_us = step_bound_us(graph, cluster, problem.units, cost)
     if n > EXACT_MAX_OPS:
         if hint is None:
@@ -330,8 +332,11 @@ class _Model:
                 model.Add(sum(persistent[u] * on[u, d] for u in range(n_units)
                               if (u, d) in on) <= int(problem.budget[d]))
         self.life: dict[int, tuple[Any, dict[int, Any]]] = {}
+        #: per (message index, device): whether a copy is held there, and its interval's
+        #: start and end (:meth:`_memory`)
+        self.copies: dict[tuple[int, int], tuple[Any, Any, Any, Any]] = {}
         if any(math.isfinite(b) for b in problem.budget):
-            self._memory(allowed, persistent)
+            self._memory(messages, allowed, persistent)
         self.symmetric = _interchangeable(problem, cost)
         self.numbering: list[tuple[Any, Any]] = []
         if self.symmetric:
@@ -374,14 +379,24 @@ class _Model:
                         model.Add(start[dst] >= end[m.src] + self.ticks(delay)).OnlyEnforceIf(
                             [on[unit_a, a], on[unit_b, b]])
 
-    def _memory(self, allowed: list[list[int]], persistent: list[int]) -> None:
+    def _memory(self, messages: list[Message], allowed: list[list[int]],
+                persistent: list[int]) -> None:
         """Memory over time on each device with a budget (a cumulative): the persistent bytes
-        of its units throughout, an op's temp while it runs, its output from its start until
-        its end and the end of every data consumer on the same device. Received copies are
-        left out (a relaxation)."""
+        of its units throughout; an op's temp while it runs; its output from its start until
+        its end, the end of every data consumer on the same device, and the earliest arrival
+        of each of its messages sent elsewhere (the producer's end plus the message's
+        cheapest transfer); a received copy from the latest its transfer could start (its
+        first consumer there starts at least the cheapest transfer after the copy's send
+        starts) until the last consumer there ends. Each is a part of what the simulator
+        holds, so every plan is a solution (a relaxation). The relaxed model
+        (``Problem.relaxed``) leaves out the copies and the outputs' wait for arrival."""
         problem, model, on = self.problem, self.model, self.on
         graph, units = problem.graph, problem.units
         unit_of = units.unit_of
+        limited = [d for d, budget in enumerate(problem.budget) if math.isfinite(budget)]
+        sent_from: dict[int, list[Message]] = {}
+        for m in messages:
+            sent_from.setdefault(m.src, []).append(m)
         for v in range(len(graph)):
             if not graph.output_bytes[v]:
                 continue
@@ -394,18 +409,45 @@ class _Model:
                 if unit_of[c] == unit_of[v]:
                     model.Add(life >= self.end[c])
                     continue
-                pair = (min(unit_of[v], unit_of[c]), max(unit_of[v], unit_of[c]))
-                if pair not in self.same:
-                    self.same[pair] = _same_device(model, on, allowed, *pair)
-                model.Add(life >= self.end[c]).OnlyEnforceIf(self.same[pair][0])
+                model.Add(life >= self.end[c]).OnlyEnforceIf(self._same(v, c, allowed))
+            for m in sent_from.get(v, ()) if not problem.relaxed else ():
+                least = self.ticks(min(m.delays.values(), default=0.0))
+                if least and m.key[-1]:
+                    for c in m.consumers:
+                        model.Add(life >= self.end[v] + least).OnlyEnforceIf(
+                            self._same(v, c, allowed).Not())
             sizes = {}
             for d in allowed[unit_of[v]]:
                 if math.isfinite(problem.budget[d]):
                     sizes[d] = model.NewIntVar(0, self.horizon, f"held{v}d{d}")
             self.life[v] = (life, sizes)
-        for d, budget in enumerate(problem.budget):
-            if not math.isfinite(budget):
-                continue
+        held: dict[int, list[tuple[Any, int]]] = {d: [] for d in limited}
+        for i, m in enumerate(messages if not problem.relaxed else []):
+            nbytes, source = m.key[-1], unit_of[m.src]
+            least = self.ticks(min(m.delays.values(), default=0.0))
+            for d in limited:
+                takers = [c for c in m.consumers if (unit_of[c], d) in on]
+                if not nbytes or not takers or allowed[source] == [d]:
+                    continue
+                present = model.NewBoolVar(f"c{i}d{d}")
+                first = model.NewIntVar(0, self.horizon, f"cs{i}d{d}")
+                last = model.NewIntVar(0, self.horizon, f"ce{i}d{d}")
+                size = model.NewIntVar(0, self.horizon, f"cl{i}d{d}")
+                there = on.get((source, d))
+                if there is not None:
+                    model.AddImplication(present, there.Not())
+                for c in takers:
+                    runs_there = on[unit_of[c], d]
+                    model.AddBoolOr([*([] if there is None else [there]), runs_there.Not(),
+                                     present])
+                    model.Add(first <= self.start[c] - least).OnlyEnforceIf(
+                        [runs_there, present])
+                    model.Add(last >= self.end[c]).OnlyEnforceIf([runs_there, present])
+                self.copies[i, d] = (present, first, size, last)
+                held[d].append((model.NewOptionalIntervalVar(first, size, last, present,
+                                                             f"copy{i}d{d}"), nbytes))
+        for d in limited:
+            budget = problem.budget[d]
             intervals, demands = [], []
             for u in range(len(units)):
                 if persistent[u] and (u, d) in on:
@@ -423,6 +465,9 @@ class _Model:
                     intervals.append(model.NewOptionalIntervalVar(
                         self.start[v], sizes[d], life, on[unit_of[v], d], f"o{v}d{d}"))
                     demands.append(graph.output_bytes[v])
+            for interval, nbytes in held[d]:
+                intervals.append(interval)
+                demands.append(nbytes)
             if intervals:
                 unit = _memory_unit(int(budget), self.horizon)
                 # floor both sides: a relaxation, so the proved bound still holds for every
@@ -432,6 +477,14 @@ class _Model:
                 if kept:
                     model.AddCumulative([i for i, _ in kept], [b for _, b in kept],
                                         int(budget) // unit)
+
+    def _same(self, v: int, c: int, allowed: list[list[int]]) -> Any:
+        """The boolean true iff ops ``v`` and ``c`` (of different units) share a device."""
+        a, b = self.problem.units.unit_of[v], self.problem.units.unit_of[c]
+        pair = (min(a, b), max(a, b))
+        if pair not in self.same:
+            self.same[pair] = _same_device(self.model, self.on, allowed, *pair)
+        return self.same[pair][0]
 
     def _channels(self, messages: list[Message], allowed: list[list[int]],
                   n_dev: int) -> None:
@@ -483,15 +536,35 @@ class _Model:
             model.AddHint(self.start[v], self.ticks(run.start[v]))
             model.AddHint(self.end[v], self.ticks(run.end[v]))
         model.AddHint(self.makespan, self.ticks(run.estimate.step_time_us))
-        graph = problem.graph
+        graph, ticks = problem.graph, self.ticks
+        # the least the model holds: what its constraints ask of the hint plan's times
+        sent_elsewhere: dict[int, int] = {}  # op -> its longest cheapest transfer elsewhere
+        for m in self.messages:
+            if m.key[-1] and any(hint.device_of[c] != hint.device_of[m.src]
+                                 for c in m.consumers):
+                least = ticks(min(m.delays.values(), default=0.0))
+                sent_elsewhere[m.src] = max(sent_elsewhere.get(m.src, 0), least)
         for v, (life, sizes) in self.life.items():
             d = hint.device_of[v]
-            held = max([run.end[v]] + [run.end[graph.edge_dst[k]] for k in graph.out_edges[v]
-                                       if not graph.edge_control[k]
-                                       and hint.device_of[graph.edge_dst[k]] == d])
-            model.AddHint(life, self.ticks(held))
+            held = max([ticks(run.end[v]) + sent_elsewhere.get(v, 0)]
+                       + [ticks(run.end[graph.edge_dst[k]]) for k in graph.out_edges[v]
+                          if not graph.edge_control[k]
+                          and hint.device_of[graph.edge_dst[k]] == d])
+            model.AddHint(life, held)
             for var in sizes.values():
-                model.AddHint(var, self.ticks(held) - self.ticks(run.start[v]))
+                model.AddHint(var, held - ticks(run.start[v]))
+        for (i, d), (present, first, size, last) in self.copies.items():
+            m = self.messages[i]
+            takers = [c for c in m.consumers if label[hint.device_of[c]] == d]
+            held_there = bool(takers) and label[hint.device_of[m.src]] != d
+            least = ticks(min(m.delays.values(), default=0.0))
+            begin = max(0, min(ticks(run.start[c]) for c in takers) - least) if held_there \
+                else 0
+            finish = max(ticks(run.end[c]) for c in takers) if held_there else 0
+            model.AddHint(present, held_there)
+            model.AddHint(first, begin)
+            model.AddHint(last, finish)
+            model.AddHint(size, finish - begin)
         for (a, b), (same, both) in self.same.items():
             model.AddHint(same, unit_device[a] == unit_device[b])
             for d, together in both.items():
