@@ -7,6 +7,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import DATA
@@ -22,7 +23,7 @@ from baechi.auto import PORTFOLIO, Entry
 from baechi.defaults import DEFAULT_ALGORITHM
 from baechi.grouping import colocation_units
 from baechi.options import Options
-from baechi.placing import ORDERING_SHARE, Run
+from baechi.placing import ORDERING_SHARE, Request, Run
 from baechi.simulate import replay, single_device_run
 from baechi.testing import small_cases
 
@@ -276,6 +277,30 @@ def test_time_left_goes_to_the_solver_again(monkeypatch: pytest.MonkeyPatch) -> 
     steps = [c.step_time_us for c in plan.stats.candidates if c.step_time_us is not None]
     assert plan.stats.fifo_step_time_us <= min(steps)
     assert simulate(case.graph, plan).step_time_us == plan.estimate.step_time_us
+
+
+def test_max_seconds_caps_an_entry_with_its_memory_retries(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry's ``max_seconds`` bounds its whole run: a plan over memory is placed again
+    with lower budgets, and each attempt used to get ``max_seconds`` anew (at 60 s, exact
+    on pipedream_nasnetalarge reduced, PCIe, 50%: four attempts over memory, 39 s)."""
+    granted: list[float] = []  # seconds until the deadline each exact run was given
+    original = auto.run_algorithm
+
+    def recording(request: Request, algorithm: str, options: Options, *args: Any,
+                  **kwargs: Any) -> Run:
+        if algorithm == "exact":
+            granted.append(request.deadline - time.perf_counter())
+        return original(request, algorithm, options, *args, **kwargs)
+
+    monkeypatch.setattr(auto, "run_algorithm", recording)
+    monkeypatch.setattr(auto, "PORTFOLIO", (
+        Entry("m-etf", True), Entry("exact", False, max_seconds=0.2)))
+    case = next(c for c in small_cases(seeds=1, ops=(40,), mode="sequential")
+                if c.devices == 4 and c.ccr == 10)
+    # 5 s: no long solve (it needs EXACT_LONG_MIN_S left and has no cap)
+    place(case.graph, case.cluster, options={"time_limit_s": 5})
+    assert granted and max(granted) <= 0.2
 
 
 def test_time_left_after_the_rounds_goes_to_one_long_solve(
