@@ -539,7 +539,7 @@ class _Model:
         graph, ticks = problem.graph, self.ticks
         # the least the model holds: what its constraints ask of the hint plan's times
         sent_elsewhere: dict[int, int] = {}  # op -> its longest cheapest transfer elsewhere
-        for m in self.messages:
+        for m in () if problem.relaxed else self.messages:
             if m.key[-1] and any(hint.device_of[c] != hint.device_of[m.src]
                                  for c in m.consumers):
                 least = ticks(min(m.delays.values(), default=0.0))
