@@ -265,7 +265,8 @@ class Entry:
 #: first solves its relaxed model (no channels, no received copies): CP-SAT finds fast plans
 #: of it sooner, and the replay judges them with the channels and the copies. Received copies
 #: in the full model only: ``auto`` at 2 s on the PCIe memory-limited settings, geomean
-#: 1.0009 of none anywhere (7 faster, 10 slower, within the noise of two passes), where in
+#: 1.0009 of none anywhere (7 faster, 10 slower, within the noise of two passes; measured
+#: while the relaxed run's warm start still held outputs as the full model does), where in
 #: the relaxed model too, 1.0013 over both networks (``resnet50_training_layer``, PCIe, 50%:
 #: 375.7 -> 434.2 ms, its relaxed run no longer proving the reduced graph's optimum in time).
 #: ``exact`` alone at 1 s on
