@@ -240,27 +240,27 @@ def _op_times(graph: Graph, kind: str, speed: float) -> list[float]:
     return times
 
 
-def running_bytes(graph: Graph, op: int, cost: CostModel | None = None) -> int:
+def running_bytes(graph: Graph, op: int, cost: CostModel) -> int:
     """Bytes that must be resident on ``op``'s device while it runs, whatever the plan.
 
     Its temp and output are allocated when it starts; each input tensor is there until it
     ends, as the producer's output or as a received copy (whichever is smaller counts). A
     zero-time op frees its inputs at the instant it allocates, so only its own bytes count
-    (:meth:`CostModel.instant_somewhere`; without ``cost``, the op's ``compute_us`` at speed 1
-    decides). :attr:`CostModel.op_running_bytes` holds every op's.
+    (:meth:`CostModel.instant_somewhere`: zero time on some device of the cluster, the rule
+    the simulator applies per device). :attr:`CostModel.op_running_bytes` holds every op's.
 
     Examples
     --------
-    >>> from baechi import load_graph
+    >>> from baechi import Cluster, load_graph
     >>> g = load_graph({"format": "baechi.graph/v1", "ops": [
     ...     {"name": "a", "compute_us": 1, "output_bytes": 100},
     ...     {"name": "b", "compute_us": 1, "output_bytes": 50, "temp_bytes": 7}],
     ...     "edges": [{"src": "a", "dst": "b", "bytes": 80}]})
-    >>> running_bytes(g, 1)
+    >>> running_bytes(g, 1, CostModel(g, Cluster.uniform(1)))
     137
     """
     need = graph.temp_bytes[op] + graph.output_bytes[op]
-    if cost.instant_somewhere(op) if cost is not None else instant(graph.compute_us[op]):
+    if cost.instant_somewhere(op):
         return need
     inputs: dict[tuple[int, str], int] = {}
     for k in graph.in_edges[op]:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from baechi import Cluster, InfeasiblePlacement, InvalidRequest, load_graph, place, simulate
 from baechi.algorithms import ALGORITHMS
-from baechi.costmodel import running_bytes
+from baechi.costmodel import CostModel
 from baechi.simulate import single_device_run
 
 PLACERS = ["auto", *ALGORITHMS]  # the step-time objective's placers
@@ -73,10 +73,11 @@ def check_plan(doc: dict, cluster: dict, plan) -> None:
     assert simulate(doc, plan.model_dump()) == est  # the reported estimate IS the replay
     # the memory floor used to reject requests up front is a true lower bound of every peak
     graph = load_graph(doc)
+    running = CostModel(graph, Cluster.parse(cluster)).op_running_bytes
     for device, peak in est.peak_memory_bytes.items():
         ops = [i for i, name in enumerate(graph.names) if plan.placement[name] == device]
         persistent = sum(graph.persistent_bytes[i] for i in ops)
-        assert peak >= persistent + max((running_bytes(graph, i) for i in ops), default=0)
+        assert peak >= persistent + max((running[i] for i in ops), default=0)
 
 
 @pytest.mark.parametrize("algorithm", PLACERS)
