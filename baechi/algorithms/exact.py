@@ -137,6 +137,16 @@ class Message:
     consumers: list[int]
     delays: dict[tuple[int, int], float]
 
+    @property
+    def least_us(self) -> float:
+        """Its cheapest transfer: what it takes at least whenever it crosses devices."""
+        return min(self.delays.values(), default=0.0)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of a copy of it (its key's last field; 0 for a control message)."""
+        return self.key[-1]
+
 
 def place_exact(problem: Problem) -> Assignment:
     """Solve placement and per-device order jointly on CP-SAT; see the module docstring.
@@ -361,19 +371,15 @@ class _Model:
         (in sequential mode at least its transfer time after the producer's end too)."""
         model, on, units = self.model, self.on, self.problem.units
         start, end = self.start, self.end
-        same = self.same
         for m in messages:
             unit_a = units.unit_of[m.src]
+            least = m.least_us
             for dst in m.consumers:
                 unit_b = units.unit_of[dst]
-                pair = (min(unit_a, unit_b), max(unit_a, unit_b))
-                if pair not in same:
-                    same[pair] = _same_device(model, on, allowed, *pair)
                 # the cheapest link whenever the units are apart; a dearer link (per-pair
                 # links, DESIGN §10) when the units sit on its two devices
-                least = min(m.delays.values(), default=0.0)
                 model.Add(start[dst] >= end[m.src] + self.ticks(least)).OnlyEnforceIf(
-                    same[pair][0].Not())
+                    self._same(m.src, dst, allowed).Not())
                 for (a, b), delay in m.delays.items():
                     if delay > least and (unit_a, a) in on and (unit_b, b) in on:
                         model.Add(start[dst] >= end[m.src] + self.ticks(delay)).OnlyEnforceIf(
@@ -411,8 +417,8 @@ class _Model:
                     continue
                 model.Add(life >= self.end[c]).OnlyEnforceIf(self._same(v, c, allowed))
             for m in sent_from.get(v, ()) if not problem.relaxed else ():
-                least = self.ticks(min(m.delays.values(), default=0.0))
-                if least and m.key[-1]:
+                least = self.ticks(m.least_us)
+                if least and m.nbytes:
                     for c in m.consumers:
                         model.Add(life >= self.end[v] + least).OnlyEnforceIf(
                             self._same(v, c, allowed).Not())
@@ -423,8 +429,8 @@ class _Model:
             self.life[v] = (life, sizes)
         held: dict[int, list[tuple[Any, int]]] = {d: [] for d in limited}
         for i, m in enumerate(messages if not problem.relaxed else []):
-            nbytes, source = m.key[-1], unit_of[m.src]
-            least = self.ticks(min(m.delays.values(), default=0.0))
+            nbytes, source = m.nbytes, unit_of[m.src]
+            least = self.ticks(m.least_us)
             for d in limited:
                 takers = [c for c in m.consumers if (unit_of[c], d) in on]
                 if not nbytes or not takers or allowed[source] == [d]:
@@ -540,10 +546,9 @@ class _Model:
         # the least the model holds: what its constraints ask of the hint plan's times
         sent_elsewhere: dict[int, int] = {}  # op -> its longest cheapest transfer elsewhere
         for m in () if problem.relaxed else self.messages:
-            if m.key[-1] and any(hint.device_of[c] != hint.device_of[m.src]
-                                 for c in m.consumers):
-                least = ticks(min(m.delays.values(), default=0.0))
-                sent_elsewhere[m.src] = max(sent_elsewhere.get(m.src, 0), least)
+            if m.nbytes and any(hint.device_of[c] != hint.device_of[m.src]
+                                for c in m.consumers):
+                sent_elsewhere[m.src] = max(sent_elsewhere.get(m.src, 0), ticks(m.least_us))
         for v, (life, sizes) in self.life.items():
             d = hint.device_of[v]
             held = max([ticks(run.end[v]) + sent_elsewhere.get(v, 0)]
@@ -557,7 +562,7 @@ class _Model:
             m = self.messages[i]
             takers = [c for c in m.consumers if label[hint.device_of[c]] == d]
             held_there = bool(takers) and label[hint.device_of[m.src]] != d
-            least = ticks(min(m.delays.values(), default=0.0))
+            least = ticks(m.least_us)
             begin = max(0, min(ticks(run.start[c]) for c in takers) - least) if held_there \
                 else 0
             finish = max(ticks(run.end[c]) for c in takers) if held_there else 0
