@@ -43,7 +43,11 @@ wins, so ``auto`` is never slower than any candidate it ran):
    not. Local search stagnating early would otherwise leave the budget unused.
 6. Restarts, while time is left: local search from the next fastest plans found
    (:data:`SEARCH_RESTARTS`), since where it stagnates its result depends on its start.
-7. One long solve, with at least :data:`EXACT_LONG_MIN_S` left: ``exact`` on the graph
+7. A finer reduction, with at least :data:`FINER_MIN_S` left: ``exact`` on the graph reduced
+   with the merge cap scaled by :data:`FINER_CAP_SCALE` (more, smaller nodes: the pipeline's
+   fuse units of up to half a device under memory limits, which leaves few ways to split),
+   on its relaxed model, then local search from its plan when it is faster.
+8. One long solve, with at least :data:`EXACT_LONG_MIN_S` left: ``exact`` on the graph
    itself, where no run proved its plan optimal, hinted with the best plan and given the
    time left (until the deadline or a proof). Its rounds restart CP-SAT's search each time;
    one long run keeps what it learned (``gnmt_training_layer``, PCIe, 50% memory, at the
@@ -132,6 +136,31 @@ SEARCH_PATIENCE = 2
 #: At 2 s left instead of 10, at ``time_limit_s`` 10 (46 settings at 75% and 30% memory):
 #: 0.9998, 4 faster, 2 slower: no gain where the rounds already get the time left.
 EXACT_LONG_MIN_S = EXACT_MAX_S
+
+#: With at least this many seconds left after the rounds and restarts, and no proof, ``exact``
+#: solves a finer reduction (:data:`FINER_CAP_SCALE`) on its relaxed model with
+#: :data:`EXACT_SHARE` of the time left (at most :data:`EXACT_MAX_S`); local search follows
+#: from its plan when it is faster. Not a portfolio entry: at 2 s it took the time the
+#: others need (``python bench/compare.py --network pcie``, the memory-limited settings:
+#: geomean 1.014, and resnet50_inference_layer on 14 devices lost its only plan), while
+#: with time left, at 30 s on the PCIe 30%/50% settings of the graphs of 300-1300 ops that
+#: the coarse reduction serves worst (17 settings): geomean 0.984, 10 faster, 3 slower (at
+#: most 1.3%); resnet50_inference_operator, 30%: 352.3 -> 328.5 ms; resnet50_training_layer,
+#: 30%: 548.2 -> 528.4 ms; median seconds 11.5 -> 23.5 (it takes time the request had left).
+#: At 10 s on every 75/50/30% setting of both networks (162): geomean 0.998, 35 faster, 24
+#: slower (at most 4.1%: the noise of CP-SAT's two workers in the stages before it);
+#: resnet50_training_layer, PCIe, 30%: 630.2 -> 548.9 ms.
+FINER_MIN_S = 1.0
+
+#: The scale of the merge cap (:func:`~baechi.grouping.merge_cap`) of the finer reduction
+#: (:data:`FINER_MIN_S`). Under memory limits the pipeline fuses units of up to half a device
+#: (resnet50_inference_layer at 30% of its peak: 177 ops, 26 nodes), which leaves the solver
+#: few splits that fit; at half the cap, 44 nodes. ``exact`` alone for 2 s on each reduction
+#: (the PCIe 30%/50% settings, against auto's 2 s plan): at 0.5, 0.86 on
+#: resnet50_training_layer (30%) and 0.93 on resnet50_inference_operator (50%), at 0.25
+#: 0.93 on resnet50_inference_layer (50%), but at 0.25 worse than 1 on most: finer graphs
+#: are slower to solve.
+FINER_CAP_SCALE = 0.5
 
 #: Every candidate but the first may use at most this share of the time left when it starts
 #: (memory retries, solver time), so that the ones after it, and local search, get time too.
@@ -257,6 +286,7 @@ class Entry:
     hinted: bool = False
     last_resort: bool = False
     relaxed: bool = False
+    cap_scale: float = 1.0
 
 
 #: The candidates, in the order they run: the first plan as m-ETF gives it, then the cheap
@@ -468,6 +498,18 @@ def place_auto(request: Request) -> Outcome:
         chosen = Chosen(algorithm=run.algorithm, pipeline=run.pipeline)
         return run
 
+    def search_best() -> None:
+        """Local search from the best plan; its plan becomes the best when faster."""
+        nonlocal seconds, simulation, chosen
+        search_starts.add(_signature(simulation))
+        searched, search = _search(request, simulation)
+        if search is not None:
+            candidates.append(search)
+            seconds = add_seconds(seconds, {"search": search.seconds})
+            if searched is not simulation:
+                chosen = chosen.model_copy(update={"local_search": True})
+                simulation = searched
+
     while rounds and not meets_bound(simulation, bound_us) and not request.expired():
         task = rounds.pop(0)
         if task is not None:
@@ -478,14 +520,7 @@ def place_auto(request: Request) -> Outcome:
                 continue  # found nothing faster: no search from it
             if run.algorithm_stats.get("solver_status") != "OPTIMAL":
                 rounds.append((entry, True))
-        search_starts.add(_signature(simulation))
-        searched, search = _search(request, simulation)
-        if search is not None:
-            candidates.append(search)
-            seconds = add_seconds(seconds, {"search": search.seconds})
-            if searched is not simulation:
-                chosen = chosen.model_copy(update={"local_search": True})
-                simulation = searched
+        search_best()
     # time left: local search again from the next fastest plans, whose result can beat the
     # first search's (it depends on its start)
     for run in _restarts([*runs, *repaired_runs], search_starts):
@@ -501,6 +536,16 @@ def place_auto(request: Request) -> Outcome:
             best, simulation = run, searched
             chosen = Chosen(algorithm=run.algorithm, pipeline=run.pipeline,
                             local_search=searched is not run.simulation)
+    # time left: exact on a finer reduction, whose smaller nodes leave ways to split and
+    # overlap that the pipeline's fused away, then local search from its plan when faster
+    if request.seconds_left() >= FINER_MIN_S and not meets_bound(simulation, bound_us):
+        finer = Entry("exact", True, max_nodes=EXACT_MAX_NODES, relaxed=True,
+                      cap_scale=FINER_CAP_SCALE,
+                      max_seconds=min(EXACT_MAX_S, EXACT_SHARE * request.seconds_left()))
+        note = f"on a finer reduction (merge cap x{FINER_CAP_SCALE:g})" + (
+            f"; {_relaxed_note(request)}" if _relaxed(request, finer) else "")
+        if solve_again(finer, note) is not None and not request.expired():
+            search_best()
     # time left: one long solve on the graph itself, hinted with the best plan, where the
     # shorter ones proved nothing (CP-SAT learns within a run, not across warm restarts)
     unproven = next((e for e in solver_entries if not e.pipeline), None)
@@ -531,9 +576,18 @@ def _run_entry(request: Request, entry: Entry, runs: list[Run], *, first: bool =
         # memory took 39 s)
         request = dataclasses.replace(request, deadline=min(
             request.deadline, time.perf_counter() + entry.max_seconds))
-    same = [r for r in runs if r.pipeline == entry.pipeline and r.reduction is not None]
+    same = [r for r in runs if r.pipeline == entry.pipeline and r.reduction is not None
+            and r.reduction.cap_scale == entry.cap_scale]
     if entry.max_nodes is not None and same and len(same[0].reduction.graph) > entry.max_nodes:
         return None
+    spent: dict[str, float] = {}  # reducing with another merge cap, here
+    if entry.cap_scale != 1.0:
+        # a reduction no run placed before: none when it is the usual one or no reduction
+        reduction, spent = request.reduction(options, entry.cap_scale)
+        nodes = len(reduction.graph)
+        if nodes in (len(request.reduction(options)[0].graph), len(request.graph)) or \
+                (entry.max_nodes is not None and nodes > entry.max_nodes):
+            return None
     hint = None
     if entry.hinted and not entry.pipeline:
         # every plan so far is a plan of the unreduced graph: start from the best of them
@@ -547,8 +601,9 @@ def _run_entry(request: Request, entry: Entry, runs: list[Run], *, first: bool =
         fitting = [r for r in same if r.simulation is not None and r.assignment is not None]
         if fitting:
             hint = min(fitting, key=lambda r: r.simulation.estimate.step_time_us).assignment
-    return run_algorithm(request, entry.algorithm, options, hint=hint, first=first,
-                         relaxed=entry.relaxed)
+    run = run_algorithm(request, entry.algorithm, options, hint=hint, first=first,
+                        relaxed=entry.relaxed, cap_scale=entry.cap_scale)
+    return dataclasses.replace(run, seconds=add_seconds(spent, run.seconds)) if spent else run
 
 
 #: A start for repair: the plan (or the algorithm that places it as if memory were

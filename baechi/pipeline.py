@@ -54,6 +54,8 @@ class Reduction:
     node_of: list[int] | None = None
     stats: dict[str, Any] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    #: The merge cap's scale it was reduced with (:func:`reduce_graph`).
+    cap_scale: float = 1.0
 
     def expand(
         self, node_device: list[int], node_orders: list[list[int]]
@@ -95,7 +97,8 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def reduce_graph(graph: Graph, cluster: Cluster, options: Options) -> Reduction:
+def reduce_graph(graph: Graph, cluster: Cluster, options: Options,
+                 cap_scale: float = 1.0) -> Reduction:
     """Run the pipeline's reduction steps that ``options`` switch on.
 
     Parameters
@@ -104,6 +107,9 @@ def reduce_graph(graph: Graph, cluster: Cluster, options: Options) -> Reduction:
         The validated graph and the devices (pins, memory limits for the merge cap).
     options
         ``forward_only``, ``co_placement`` and ``fusion`` switch their steps.
+    cap_scale
+        Scales the merge cap (:func:`~baechi.grouping.merge_cap`): below 1, co-placement
+        and fusion leave more, smaller nodes (``auto``'s finer reduction for ``exact``).
 
     Returns
     -------
@@ -124,10 +130,10 @@ def reduce_graph(graph: Graph, cluster: Cluster, options: Options) -> Reduction:
     ([1, 1, 1], [[], [0, 1, 2]])
     """
     with _gc_paused():
-        return _reduce(graph, cluster, options)
+        return _reduce(graph, cluster, options, cap_scale)
 
 
-def _reduce(graph: Graph, cluster: Cluster, options: Options) -> Reduction:
+def _reduce(graph: Graph, cluster: Cluster, options: Options, cap_scale: float) -> Reduction:
     n = len(graph)
     phases: dict[str, float] = {}
     nodes: list[dict[str, Any]] = [{"phase": "input", "nodes": n, "units": n}]
@@ -138,7 +144,7 @@ def _reduce(graph: Graph, cluster: Cluster, options: Options) -> Reduction:
     phases["grouping"] = time.perf_counter() - tick
     nodes.append({"phase": "grouping", "nodes": n, "units": len(units)})
 
-    cap = merge_cap(graph, cluster)
+    cap = merge_cap(graph, cluster) * cap_scale
     if options.co_placement:
         tick = time.perf_counter()
         units = co_place(graph, cluster, units, cap)
@@ -147,7 +153,7 @@ def _reduce(graph: Graph, cluster: Cluster, options: Options) -> Reduction:
         stats["merge_cap_bytes"] = cap
 
     if not options.fusion:
-        return Reduction(graph, graph, units, None, nodes, None, stats, phases)
+        return Reduction(graph, graph, units, None, nodes, None, stats, phases, cap_scale)
 
     tick = time.perf_counter()
     fusion = fuse(graph, cluster, units, cap=cap)
@@ -155,4 +161,4 @@ def _reduce(graph: Graph, cluster: Cluster, options: Options) -> Reduction:
     nodes.append({"phase": "fusion", "nodes": len(fusion.graph), "units": len(fusion.units)})
     stats["fusion"] = fusion.stats
     return Reduction(graph, fusion.graph, fusion.units, fusion.members, nodes, fusion.node_of,
-                     stats, phases)
+                     stats, phases, cap_scale)

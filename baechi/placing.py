@@ -66,8 +66,9 @@ class Request:
     deadline: float
     progress: Progress
     end: float = math.inf
-    #: The reductions computed so far, by the switches they depend on (:meth:`reduction`).
-    reductions: dict[tuple[bool, bool, bool], Reduction] = field(
+    #: The reductions computed so far, by the switches and merge-cap scale they depend on
+    #: (:meth:`reduction`).
+    reductions: dict[tuple[bool, bool, bool, float], Reduction] = field(
         default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -95,16 +96,18 @@ class Request:
         or pins force included (:func:`baechi.bounds.step_bound_us`). Computed once."""
         return step_bound_us(self.graph, self.cluster, self.units, self.cost)
 
-    def reduction(self, options: Options) -> tuple[Reduction, dict[str, float]]:
+    def reduction(self, options: Options, cap_scale: float = 1.0
+                  ) -> tuple[Reduction, dict[str, float]]:
         """The reduction ``options`` switch on (:func:`~baechi.pipeline.reduce_graph`),
         computed once per request, and the seconds this call spent on it per phase: the
         reduction's own the first time, none after (each pipelined candidate of ``auto``
         places the same reduced graph; on 30k ops a reduction takes 0.25 s)."""
-        key = (options.forward_only, options.co_placement, options.fusion)
+        key = (options.forward_only, options.co_placement, options.fusion, cap_scale)
         cached = self.reductions.get(key)
         if cached is not None:
             return cached, {}
-        reduction = self.reductions[key] = reduce_graph(self.graph, self.cluster, options)
+        reduction = self.reductions[key] = reduce_graph(self.graph, self.cluster, options,
+                                                        cap_scale)
         return reduction, dict(reduction.seconds)
 
     @property
@@ -166,7 +169,7 @@ def add_seconds(total: dict[str, float], more: dict[str, float]) -> dict[str, fl
 
 def run_algorithm(
     request: Request, algorithm: str, options: Options, hint: Assignment | None = None,
-    *, first: bool = False, relaxed: bool = False,
+    *, first: bool = False, relaxed: bool = False, cap_scale: float = 1.0,
 ) -> Run:
     """Reduce, place with ``algorithm``, expand and replay; re-place with tighter budgets
     while the plan overshoots memory (at most :data:`MEMORY_RETRIES` times, none started
@@ -181,7 +184,7 @@ def run_algorithm(
     by how much the last plan did not.
     """
     graph, cluster = request.graph, request.cluster
-    reduction, seconds = request.reduction(options)
+    reduction, seconds = request.reduction(options, cap_scale)
     extra: dict[str, Any] = {} if hint is None else {"hint": hint}
     # the request's cost model serves the graph itself; a reduced graph gets its own
     same_graph = {"cost": request.cost} if reduction.graph is graph else {}

@@ -355,3 +355,32 @@ def test_restarts_skip_plans_already_searched(monkeypatch: pytest.MonkeyPatch) -
 def _step(run: Run) -> float:
     assert run.simulation is not None
     return run.simulation.estimate.step_time_us
+
+
+def test_time_left_goes_to_a_finer_reduction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``FINER_MIN_S`` left after the rounds and restarts, ``exact`` solves the graph
+    reduced with a smaller merge cap (more, smaller nodes than the pipeline's); the plan is
+    never slower than any candidate, replays as returned, and ends within the time limit."""
+    monkeypatch.setattr(auto, "FINER_MIN_S", 0.5)
+    monkeypatch.setattr(auto, "PORTFOLIO", (
+        Entry("m-etf", True), Entry("exact", True, max_seconds=0.2, relaxed=True)))
+    doc = json.loads((DATA / "graphs" / "bert24_training_layer.json").read_text())
+    graph = load_graph(doc)
+    peak = single_device_run(graph, Cluster.uniform(1))[1]
+    cluster = {"devices": {"count": 4, "memory_bytes": peak // 2},
+               "network": {"latency_us": 134, "bandwidth_gbps": 5.7}}
+    request = Request.of(graph, Cluster.parse(cluster), Options(), 0.0, lambda *_: None)
+    coarse = request.reduction(Options())[0].graph
+    finer = request.reduction(Options(), auto.FINER_CAP_SCALE)[0].graph
+    assert len(coarse) < len(finer) < len(graph)  # 16 < 24 < 64: the stage applies
+    limit_s = 4.0
+    tick = time.perf_counter()
+    plan = place(doc, cluster, options={"time_limit_s": limit_s})
+    assert time.perf_counter() - tick < limit_s + 0.5
+    assert not plan.stats.optimal  # 140 ms against a 126 ms bound: the stage has to run
+    notes = [c.note for c in plan.stats.candidates if c.algorithm == "exact"]
+    assert notes[-1] == ("on a finer reduction (merge cap x0.5); relaxed model (no channels, "
+                         "no received copies in memory)")
+    steps = [c.step_time_us for c in plan.stats.candidates if c.step_time_us is not None]
+    assert plan.estimate.step_time_us <= min(steps)
+    assert simulate(graph, plan).step_time_us == plan.estimate.step_time_us

@@ -15,6 +15,7 @@ import baechi
 from baechi.algorithms import ALGORITHMS
 from baechi.algorithms.base import Assignment
 from baechi.cluster import Cluster
+from baechi.costmodel import memory_proxy
 from baechi.fusion import contract, fuse, fusion_partition
 from baechi.graph import Graph, load_graph
 from baechi.grouping import co_place, colocation_units, merge_cap, unit_memory
@@ -297,18 +298,35 @@ def test_fused_graph_is_a_document_again() -> None:
 @settings(max_examples=200, deadline=None)
 @given(graph=grouped_dags(), devices=st.integers(1, 3),
        limit=st.sampled_from([None, 80, 400]), switches=st.integers(0, 7),
-       budget=st.sampled_from([0, 4, 128]))
+       budget=st.sampled_from([0, 4, 128]), cap_scale=st.sampled_from([1.0, 0.5, 0.1]))
 def test_pipeline_invariants_on_random_dags(
-    graph: Graph, devices: int, limit: int | None, switches: int, budget: int
+    graph: Graph, devices: int, limit: int | None, switches: int, budget: int,
+    cap_scale: float,
 ) -> None:
     cluster = Cluster.uniform(devices, memory_bytes=limit)
     options = Options(co_placement=bool(switches & 1), fusion=bool(switches & 2),
                       forward_only=bool(switches & 4))
-    reduction = reduce_graph(graph, cluster, options)
+    reduction = reduce_graph(graph, cluster, options, cap_scale)
+    assert reduction.cap_scale == cap_scale
     _check_reduction(graph, cluster, reduction, options.forward_only)
     # a tiny search budget falls back to the cheap rules and must stay acyclic too
     f = fuse(graph, cluster, colocation_units(graph, cluster), max_visits=budget)
     assert all(s < d for s, d in zip(f.graph.edge_src, f.graph.edge_dst, strict=True))
+
+
+def test_a_smaller_merge_cap_leaves_smaller_nodes() -> None:
+    """``cap_scale`` scales the merge cap: each node's memory proxy stays within the scaled
+    cap, so halving it splits what the full cap merges (auto's finer reduction)."""
+    chain = [op(f"o{i}", 1, output_bytes=100) for i in range(8)]
+    g = load_graph(graph_doc(chain, [edge(f"o{i}", f"o{i + 1}", 100) for i in range(7)]))
+    cluster = Cluster.uniform(2, memory_bytes=400)  # cap: half a device, 200 bytes
+    full, half = (reduce_graph(g, cluster, Options(), scale) for scale in (1.0, 0.5))
+    assert merge_cap(g, cluster) == 200
+    assert (len(full.graph), len(half.graph)) == (4, 8)  # pairs; every op alone
+    for reduction, cap in ((full, 200), (half, 100)):
+        assert reduction.members is not None
+        assert max(memory_proxy(g, ms) for ms in reduction.members) <= cap
+        _check_reduction(g, cluster, reduction)
 
 
 @settings(max_examples=100, deadline=None)
