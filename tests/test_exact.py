@@ -7,8 +7,10 @@ mode without memory limits the solver's objective must equal the replayed step t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 
 import baechi
 from baechi import Cluster, InfeasiblePlacement, load_graph
+from baechi.algorithms import exact as exact_module
 from baechi.algorithms.base import Assignment, Problem
 from baechi.algorithms.etf import place_etf
 from baechi.algorithms.exact import EXACT_MAX_OPS, _own_hint, place_exact
@@ -250,6 +253,27 @@ def test_time_limit_stops_the_solver_with_a_valid_plan() -> None:
     hint = place_etf(problem)
     assert step <= replay(problem.graph, problem.cluster, hint.device_of,
                           hint.orders).estimate.step_time_us
+
+
+def test_no_model_is_built_past_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``Problem.deadline`` exact builds no model (177 ops on 14 devices took 0.8 s,
+    which a request past its deadline waited for): it returns the warm start's plan, or
+    without one says the deadline passed."""
+    built: list[bool] = []
+    monkeypatch.setattr(exact_module._Model, "__init__",
+                        lambda *args, **kwargs: built.append(True))
+    problem = problem_of(layered(0, 40, 0.1), small_cluster(2), deadline=time.perf_counter())
+    hint = place_etf(dataclasses.replace(problem, deadline=math.inf))
+    result = place_exact(dataclasses.replace(problem, hint=hint))
+    assert not built
+    assert result.stats["solver_status"] == "NOT_RUN" and "deadline" in result.stats["note"]
+    assert (result.device_of, result.orders) == (hint.device_of, hint.orders)
+    assert result.stats["optimal"] == (replayed(problem, result).estimate.step_time_us
+                                       <= result.stats["bound_us"] * (1 + SLACK))
+    monkeypatch.setattr(exact_module, "_own_hint", lambda problem: None)
+    with pytest.raises(InfeasiblePlacement) as error:
+        place_exact(problem)
+    assert error.value.details == {"deadline_reached": True} and not built
 
 
 def test_too_large_graph_falls_back_to_the_hint() -> None:
