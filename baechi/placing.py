@@ -98,10 +98,11 @@ class Request:
 
     def reduction(self, options: Options, cap_scale: float = 1.0
                   ) -> tuple[Reduction, dict[str, float]]:
-        """The reduction ``options`` switch on (:func:`~baechi.pipeline.reduce_graph`),
-        computed once per request, and the seconds this call spent on it per phase: the
-        reduction's own the first time, none after (each pipelined candidate of ``auto``
-        places the same reduced graph; on 30k ops a reduction takes 0.25 s)."""
+        """The reduction ``options`` switch on (:func:`~baechi.pipeline.reduce_graph`, its
+        merge cap scaled by ``cap_scale``), computed once per request, and the seconds this
+        call spent on it per phase: the reduction's own the first time, none after (each
+        pipelined candidate of ``auto`` places the same reduced graph; on 30k ops a
+        reduction takes 0.25 s)."""
         key = (options.forward_only, options.co_placement, options.fusion, cap_scale)
         cached = self.reductions.get(key)
         if cached is not None:
@@ -176,7 +177,8 @@ def run_algorithm(
     after the deadline). The placer's time limit is what is left until the deadline.
 
     ``hint`` (an assignment of the same reduction) is passed as ``Problem.hint``, and
-    ``relaxed`` as ``Problem.relaxed``. The placer stops at the deadline
+    ``relaxed`` as ``Problem.relaxed``; ``cap_scale`` scales the reduction's merge cap
+    (:meth:`Request.reduction`). The placer stops at the deadline
     (``Problem.deadline``), except the ``first`` run of a request, whose first placement
     always completes so that a request has a plan to return.
 
