@@ -578,16 +578,16 @@ def _run_entry(request: Request, entry: Entry, runs: list[Run], *, first: bool =
             request.deadline, time.perf_counter() + entry.max_seconds))
     same = [r for r in runs if r.pipeline == entry.pipeline and r.reduction is not None
             and r.reduction.cap_scale == entry.cap_scale]
-    if entry.max_nodes is not None and same and len(same[0].reduction.graph) > entry.max_nodes:
-        return None
+    reduced = same[0].reduction.graph if same else None
     spent: dict[str, float] = {}  # reducing with another merge cap, here
-    if entry.cap_scale != 1.0:
+    if reduced is None and entry.cap_scale != 1.0:
         # a reduction no run placed before: none when it is the usual one or no reduction
         reduction, spent = request.reduction(options, entry.cap_scale)
-        nodes = len(reduction.graph)
-        if nodes in (len(request.reduction(options)[0].graph), len(request.graph)) or \
-                (entry.max_nodes is not None and nodes > entry.max_nodes):
+        reduced = reduction.graph
+        if len(reduced) in (len(request.reduction(options)[0].graph), len(request.graph)):
             return None
+    if entry.max_nodes is not None and reduced is not None and len(reduced) > entry.max_nodes:
+        return None
     hint = None
     if entry.hinted and not entry.pipeline:
         # every plan so far is a plan of the unreduced graph: start from the best of them

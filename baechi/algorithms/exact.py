@@ -192,10 +192,10 @@ def place_exact(problem: Problem) -> Assignment:
     try:
         _check_deadline(problem)
         built = _Model(problem, messages, scale, horizon_us, floor_us, rounding)
-        if hint is not None and hint_run is not None:
-            _check_deadline(problem)
-            built.add_hint(hint, hint_run)
         _check_deadline(problem)
+        if hint is not None and hint_run is not None:
+            built.add_hint(hint, hint_run)
+            _check_deadline(problem)
     except _DeadlinePassed:
         # building a model of 177 ops on 14 devices took 0.8 s: past the deadline the
         # request would wait for it and a solver given no time
