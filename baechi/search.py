@@ -41,7 +41,7 @@ Examples
 ...               {"src": "b", "dst": "d", "bytes": 0}, {"src": "c", "dst": "d", "bytes": 0}]})
 >>> cluster = Cluster.uniform(2, latency_us=1)
 >>> device_of, orders, stats = improve(g, cluster, [0, 0, 0, 0], [[0, 1, 2, 3], []],
-...     units=colocation_units(g, cluster), deadline=time.perf_counter() + 0.2)
+...     units=colocation_units(g, cluster), deadline=time.perf_counter() + 1.0)
 >>> stats.start_step_us, stats.step_us
 (40.0, 31.0)
 >>> device_of, orders
