@@ -25,7 +25,7 @@ wins, so ``auto`` is never slower than any candidate it ran):
    the first blind start runs right after them, before the costlier ones take the time.
    With still no plan, a last repair starts from the persistent bytes spread evenly
    (:data:`SPREAD_LABEL`); where they fill at least :data:`SPREAD_EARLY_SHARE` of the
-   memory, right after that first blind start.
+   memory, right after the cheap candidates, before that first blind start.
 3. The single-device plan, when the whole graph fits on one device.
 4. Local search (:func:`baechi.search.improve`) from the best plan, on the unreduced graph's
    units, in slices until :data:`SEARCH_PATIENCE` slices in a row gain less than
@@ -241,19 +241,21 @@ BLIND_SHARE = 0.45
 #: had no plan; repaired ("cheapest") from this start in 0.3 s, 297.3 ms (NVLink).
 SPREAD_LABEL = "the persistent bytes spread evenly"
 
-#: When the persistent bytes fill at least this share of the devices' memory and neither the
-#: cheap candidates nor the first blind start found a plan, the spread start runs right after
-#: them rather than last: it is the start made for weights that fill the devices, and the
-#: costlier candidates would take a short time limit first. resnet50_inference_layer on 14
-#: devices at its suggested 2 GiB (weights 65% of the cluster's memory) had no plan at 2 s;
-#: now NVLink 294.6 ms, PCIe 3058-3135 ms. Until a better plan comes, its plan (every tensor
-#: crosses devices) does not stop the refused plans' repairs, which run while there is no
-#: plan. A/B at 2 s on the inference graphs' 30% and suggested settings (where weights fill
-#: half the memory; ``python bench/compare.py --graph inference --memory suggested --memory
-#: 30% --a baechi.auto.SPREAD_EARLY_SHARE=100 --b baechi.auto.SPREAD_EARLY_SHARE=0.5``):
-#: the two plans, geomean 1.002 of the others, the one loss resnet50_inference_operator
-#: (PCIe, suggested: 9 devices) 585.9 -> 589-629 ms, local search getting 0.25 s less.
-#: Training graphs' weights fill under a quarter of the memory at the benchmark's levels.
+#: When the persistent bytes fill at least this share of the devices' memory and none of the
+#: cheap candidates found a plan, the spread start runs right after them, before the first
+#: blind start and the costlier candidates: it is the start made for weights that fill the
+#: devices, and the others would take a short time limit first. Until a better plan comes,
+#: its plan (every tensor crosses devices) does not stop the refused plans' repairs, which run
+#: while there is no plan. resnet50_inference_layer on 14 devices at its suggested 2 GiB
+#: (weights 65% of the cluster's memory) had no plan at 2 s with the spread start last; after
+#: the first blind start, NVLink 294.6 ms, PCIe 3058-3135 ms, but on a machine 2x slower than
+#: the benchmarks' the blind start's failed repair (0.85 s) left it too little time one run in
+#: three. Before the blind start (``python bench/compare.py --graph inference --memory
+#: suggested --memory 30%``, at 2 s on that slower machine, against after it): a plan in two
+#: settings where there was none (resnet50_inference_layer and resnet50_inference_operator,
+#: NVLink, suggested memory), geomean 0.997 of the other 47 (6 faster, 4 slower, at most
+#: 3.7%). Training graphs' weights fill under a quarter of the memory at the benchmark's
+#: levels.
 SPREAD_EARLY_SHARE = 0.5
 
 #: The note of a candidate that found no plan within memory.
@@ -425,10 +427,10 @@ def place_auto(request: Request) -> Outcome:
         if entry.algorithm == "exact" and not blind_done:
             blind()
         elif best is None and i > last_cheap and not blind_started:
+            if _weights_fill(request):
+                spread()
             take(_repairs(request, _blind_starts(request, blind_started, skip_single=True,
                                                  first_only=True), _step_of(best)))
-            if best is None and _weights_fill(request):
-                spread()
         report("auto", i / (len(entries) + 2))
         tick = time.perf_counter()
         first = best is None and (not runs or entry.last_resort)

@@ -251,8 +251,9 @@ def test_auto_repairs_the_persistent_bytes_spread_evenly_where_nothing_else_fits
     """resnet50_inference_layer on 14 devices at its suggested 2 GiB (weights 94% of its
     peak, 65% of the cluster's memory): every placer's plan, memory-blind or not, overflows a
     device; repaired from the persistent bytes spread evenly, a plan fits. Weights filling
-    over half the memory, that start runs right after the first blind start, before the
-    costlier candidates: so the plan comes within a short time limit too."""
+    over half the memory, that start runs right after the cheap candidates, before the
+    memory-blind starts and the costlier candidates: so the plan comes within a short time
+    limit too, on a slow machine as well."""
     path = PIPEDREAM.parent / "dnn-partitioning/latency-inputs/resnet50_inference_layer.json"
     if not path.exists():
         pytest.skip(f"{path} is absent (the shared graphs)")
@@ -269,4 +270,6 @@ def test_auto_repairs_the_persistent_bytes_spread_evenly_where_nothing_else_fits
     assert plan.estimate.step_time_us <= candidates[spread[0]].step_time_us
     unreduced_etf = next(i for i, c in enumerate(candidates)
                          if c.algorithm == "m-etf" and not c.pipeline)
-    assert spread[0] < unreduced_etf
+    blind = [i for i, c in enumerate(candidates) if c.algorithm == "repair"
+             and "placed as if memory were unlimited" in c.note]
+    assert blind and spread[0] < min(blind) and spread[0] < unreduced_etf
