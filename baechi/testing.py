@@ -40,9 +40,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from baechi.cluster import Cluster
-from baechi.graph import Graph
+from baechi.graph import Graph, load_graph
 from baechi.grouping import Units
-from baechi.simulate import replay
+from baechi.simulate import replay, single_device_run
+
+#: The memory each device gets in :func:`small_cases` with ``memory=True``: this share of the
+#: single-device peak (the benchmarks' middle level, ``bench/run.py``).
+MEMORY_FRACTION = 0.5
+
+#: Device counts of the memory-limited cases (at half the peak, two devices would have to
+#: split every byte evenly: most such cases have no plan).
+MEMORY_DEVICE_COUNTS = (3, 4)
 
 #: Shapes :func:`small_cases` draws from.
 SHAPES = ("layered", "fork_join", "skip_connections")
@@ -167,20 +175,57 @@ class SmallCase:
     cluster: dict[str, Any]
 
 
+def with_memory(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with memory: each op's output as large as the largest tensor it sends, and
+    weights (persistent bytes) drawn from 0 to 3 × the mean tensor (seeded by the name).
+
+    Examples
+    --------
+    >>> doc = with_memory(fork_join(seed=1, ops=12, ccr=1.0))
+    >>> doc == with_memory(fork_join(seed=1, ops=12, ccr=1.0))
+    True
+    >>> all(op["output_bytes"] >= 0 and op["persistent_bytes"] >= 0 for op in doc["ops"])
+    True
+    """
+    rng = random.Random(f"memory/{doc['name']}")
+    sent: dict[str, int] = {}
+    for edge in doc["edges"]:
+        sent[edge["src"]] = max(sent.get(edge["src"], 0), edge["bytes"])
+    mean = sum(e["bytes"] for e in doc["edges"]) / max(1, len(doc["edges"]))
+    ops = [{**op, "output_bytes": sent.get(op["name"], 0),
+            "persistent_bytes": rng.randint(0, round(3 * mean))} for op in doc["ops"]]
+    return {**doc, "ops": ops, "meta": {**doc["meta"], "memory": "with_memory"}}
+
+
 def small_cases(seeds: int = 2, ops: tuple[int, ...] = (10, 20, 30, 40),
-                mode: str = "parallel") -> Iterator[SmallCase]:
+                mode: str = "parallel", memory: bool = False) -> Iterator[SmallCase]:
     """Every shape × CCR × device count × op count, ``seeds`` graphs each (seeds 0, 1, …).
+
+    With ``memory``, each graph gets memory (:func:`with_memory`) and each device
+    :data:`MEMORY_FRACTION` of the graph's single-device peak, on
+    :data:`MEMORY_DEVICE_COUNTS` devices.
 
     Examples
     --------
     >>> len(list(small_cases(seeds=1, ops=(10,))))
     45
+    >>> case = next(small_cases(seeds=1, ops=(10,), memory=True))
+    >>> case.name, case.cluster["devices"]["memory_bytes"] > 0
+    ('layered_s0_n10_ccr0.1_d3_m50', True)
     """
+    counts = MEMORY_DEVICE_COUNTS if memory else DEVICE_COUNTS
     for shape, ccr, devices, n, seed in itertools.product(
-            SHAPES, CCRS, DEVICE_COUNTS, ops, range(seeds)):
+            SHAPES, CCRS, counts, ops, range(seeds)):
         graph = GENERATORS[shape](seed, n, ccr)
-        yield SmallCase(f"{graph['name']}_d{devices}", shape, ccr, devices, graph,
-                        small_cluster(devices, mode))
+        if not memory:
+            yield SmallCase(f"{graph['name']}_d{devices}", shape, ccr, devices, graph,
+                            small_cluster(devices, mode))
+            continue
+        graph = with_memory(graph)
+        peak = single_device_run(load_graph(graph), Cluster.uniform(1))[1]
+        yield SmallCase(f"{graph['name']}_d{devices}_m{round(MEMORY_FRACTION * 100)}",
+                        shape, ccr, devices, graph,
+                        small_cluster(devices, mode, int(MEMORY_FRACTION * peak)))
 
 
 def linear_extensions(graph: Graph) -> Iterator[list[int]]:
@@ -248,6 +293,8 @@ __all__ = [
     "CCRS",
     "DEVICE_COUNTS",
     "GENERATORS",
+    "MEMORY_DEVICE_COUNTS",
+    "MEMORY_FRACTION",
     "SHAPES",
     "SmallCase",
     "brute_force",
@@ -257,4 +304,5 @@ __all__ = [
     "skip_connections",
     "small_cases",
     "small_cluster",
+    "with_memory",
 ]
