@@ -203,7 +203,10 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
         "`suggested` is the source's per-device memory on the source's device "
         "count (`meta.suggested_devices`). Plans are the algorithms' own (`allow_single` "
         "off): a speedup below 1 is where one device would have been faster — the service "
-        "then returns the single-device plan by default. Step times and peaks are the simulator's.",
+        "then returns the single-device plan by default. Step times and peaks are the simulator's. "
+        "Time limits are wall-clock seconds: on a slower machine `auto` and `exact` do less "
+        "within them (within the 2 s limits here most), so compare tables from two machines "
+        "by the row `gnmt_baechi at 768 MiB, m-etf` of the speed section below.",
         "",
         "## Summary per setting",
         "",
