@@ -5,16 +5,18 @@ wins, so ``auto`` is never slower than any candidate it ran):
 
 1. The candidates of :data:`PORTFOLIO`: m-ETF with the reduction pipeline (the first plan,
    as fast as m-ETF alone), then the cheap ones, m-TOPO and m-fill (memory first) with and
-   without the pipeline, then m-ETF on the unreduced graph (the pipeline fuses away the
-   parallelism of small graphs), m-SCT both ways (graphs up to :data:`SCT_MAX_OPS` ops: its
-   LP grows super-linearly), and ``exact`` (CP-SAT, at most :data:`EXACT_MAX_S` seconds): on
-   the graph itself when it has at most :data:`~baechi.algorithms.exact.EXACT_MAX_OPS` ops,
-   else on graphs the pipeline reduces to :data:`EXACT_MAX_NODES` nodes or fewer; from its
-   own start (m-ETF's plan, or m-fill's when m-ETF's overshoots memory), as ``exact`` alone
-   starts; on a reduced graph on the relaxed model (``Problem.relaxed``: sequential mode's
-   channels and received copies left out), which finds faster plans in the time it gets here (see
-   :data:`PORTFOLIO`). Each candidate after the first may use :data:`CANDIDATE_SHARE` of the
-   time left, ``exact`` :data:`EXACT_SHARE`. A candidate whose algorithm is not registered
+   without the pipeline, then m-cut (m-fill's kind of plan with the cheapest cuts; without
+   the pipeline up to :data:`CUT_MAX_OPS` ops), m-ETF on the unreduced graph (the pipeline
+   fuses away the parallelism of small graphs), m-SCT both ways (graphs up to
+   :data:`SCT_MAX_OPS` ops: its LP grows super-linearly), and ``exact`` (CP-SAT, at most
+   :data:`EXACT_MAX_S` seconds): on the graph itself when it has at most
+   :data:`~baechi.algorithms.exact.EXACT_MAX_OPS` ops, else on graphs the pipeline reduces
+   to :data:`EXACT_MAX_NODES` nodes or fewer; from its own start (m-ETF's plan, or m-fill's
+   when m-ETF's overshoots memory), as ``exact`` alone starts; on a reduced graph on the
+   relaxed model (``Problem.relaxed``: sequential mode's channels and received copies left
+   out), which finds faster plans in the time it gets here (see :data:`PORTFOLIO`). Each
+   candidate after the first may use :data:`CANDIDATE_SHARE` of the time left, ``exact``
+   :data:`EXACT_SHARE`. A candidate whose algorithm is not registered
    (:data:`baechi.algorithms.ALGORITHMS`) is skipped.
 2. Repair (:func:`baechi.repair.repair`) of the refused plans that overshot memory least
    (:data:`REPAIR_STARTS`), and of the plans of :data:`BLIND_STARTS` placed as if memory
@@ -89,6 +91,11 @@ from baechi.simulate import Simulation
 #: ``auto`` runs m-SCT only on graphs up to this many ops: its LP grows super-linearly
 #: (26 s on 30k ops with GLOP) and on the shared graphs it never beat m-ETF by much.
 SCT_MAX_OPS = 5000
+
+#: ``auto`` runs m-cut on the unreduced graph only up to this many ops: each of its walks
+#: from a start position is as long as a device's stretch (gnmt_baechi, 2,494 ops, half its
+#: peak on 4 devices: 0.4 s, a fifth of a 2 s limit; the reduced graph's in 0.02 s).
+CUT_MAX_OPS = 2000
 
 #: ``auto`` runs ``exact`` on the graph itself when it has at most
 #: :data:`~baechi.algorithms.exact.EXACT_MAX_OPS` ops (a proof then holds for the request),
@@ -309,12 +316,20 @@ class Entry:
 #: memory-limited settings of bench/run.py, one pass each: geomean 0.998 of the full model
 #: everywhere (39 faster, 17 slower; pipedream_nasnetalarge, PCIe, 50%: 335 -> 301 ms), 1.001
 #: of the relaxed model everywhere (25 faster, 21 slower), without the bert24 losses.
+#: m-cut after m-fill, both ways: ``python bench/compare.py`` (204 memory-limited settings,
+#: 2 s) against the portfolio without it: geomean 0.9975, on PCIe 0.9947 (at 50% memory
+#: 0.983: resnet50_training_layer 454.8 -> 375.7 ms, resnet50_inference_layer 282.2 -> 255.5
+#: ms, inceptionv3_inference_layer at 75% 307.5 -> 290.5 ms), 18 faster and 20 slower (at
+#: most 2.5% but gnmt_baechi, NVLink, 75%: 80.6 -> 85.8 ms, the m-cut of its reduced graph
+#: taking 0.7 s of the 2 s with four memory retries; 80.6 ms both ways when rerun alone).
 PORTFOLIO: tuple[Entry, ...] = (
     Entry("m-etf", True),
     Entry("m-topo", True),
     Entry("m-topo", False),
     Entry("m-fill", False, last_resort=True),
     Entry("m-fill", True, last_resort=True),
+    Entry("m-cut", True),
+    Entry("m-cut", False, max_ops=CUT_MAX_OPS),
     Entry("m-etf", False),
     Entry("m-sct", True, max_ops=SCT_MAX_OPS),
     Entry("m-sct", False, max_ops=SCT_MAX_OPS),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -244,3 +245,57 @@ def test_fallback_chain_ends_with_m_fill_and_says_so(monkeypatch: pytest.MonkeyP
          edge("o2", "o3", 200)])
     with pytest.raises(InfeasiblePlacement, match="no fallback found one either"):
         place(fork_join, two_devices(count=2, memory=1000), "all-on-0", {"allow_single": False})
+
+
+def _cut_us(problem, device_of: list[int]) -> float:  # type: ignore[no-untyped-def]
+    """What m-cut minimises for a contiguous plan: at each change of device along the
+    canonical order, the dearest transfer of every earlier op that a later op reads."""
+    graph, cost = problem.graph, problem.cost
+    position = {op: p for p, op in enumerate(graph.topo)}
+    total = 0.0
+    for p in range(1, len(graph)):
+        if device_of[graph.topo[p]] == device_of[graph.topo[p - 1]]:
+            continue
+        for src in graph.topo[:p]:
+            crossing = [cost.nominal_transfer_us(k) for k in graph.out_edges[src]
+                        if not graph.edge_control[k] and position[graph.edge_dst[k]] >= p]
+            total += max(crossing, default=0.0)
+    return total
+
+
+@settings(max_examples=150, deadline=None)
+@given(doc=dags(), count=st.integers(2, 4), memory=st.sampled_from([6000, 9000, 15000]))
+def test_cut_finds_cuts_no_dearer_than_fills_segments(doc: dict, count: int,
+                                                      memory: int) -> None:
+    """Where m-fill's plan is contiguous, m-cut (whose every split it could choose) finds a
+    plan whose cuts cost no more; and it places every op, each device one stretch."""
+    from unittest.mock import patch
+
+    from hypothesis import assume
+
+    from baechi.algorithms import cut as cut_module
+    from baechi.algorithms.base import Problem
+    from baechi.algorithms.cut import place_cut
+    from baechi.algorithms.fill import place_fill
+    from baechi.grouping import colocation_units
+
+    for o in doc["ops"]:
+        o.pop("colocation_group", None)  # one op per unit: a stretch holds whole units
+        o["compute_us"] = max(o["compute_us"], 1.0)  # no zero-time op: same accounting
+    graph = load_graph(doc)
+    cluster = Cluster.parse(two_devices(count=count, memory=memory))
+    problem = Problem.of(graph, cluster, colocation_units(graph, cluster))
+    try:
+        fill = place_fill(problem)
+    except InfeasiblePlacement:
+        fill = None
+    assume(fill is not None and all(
+        fill.device_of[a] <= fill.device_of[b] for a, b in itertools.pairwise(graph.topo)))
+    # every start position, and on larger graphs a few of them (m-fill's among them)
+    for starts in (cut_module.CUT_STARTS, 1):
+        with patch.object(cut_module, "CUT_STARTS", starts):
+            cut = place_cut(problem)
+        devices = [cut.device_of[op] for op in graph.topo]
+        assert devices == sorted(devices)  # one stretch per device, in cluster order
+        assert sorted(op for order in cut.orders for op in order) == list(range(len(graph)))
+        assert _cut_us(problem, cut.device_of) <= _cut_us(problem, fill.device_of) + 1e-6

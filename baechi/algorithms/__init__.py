@@ -6,6 +6,7 @@ Each algorithm is a function ``place_x(problem) -> Assignment`` (see :mod:`.base
 from __future__ import annotations
 
 from baechi.algorithms.base import Algorithm, Assignment, Problem
+from baechi.algorithms.cut import place_cut
 from baechi.algorithms.etf import place_etf
 from baechi.algorithms.exact import place_exact
 from baechi.algorithms.fill import place_fill
@@ -23,6 +24,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "m-etf": place_etf,
     "m-sct": place_sct,
     "m-fill": place_fill,
+    "m-cut": place_cut,
     "exact": place_exact,
 }
 
