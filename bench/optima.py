@@ -18,7 +18,7 @@ the table counts, per algorithm, the proved cases where it found no plan. STG gr
 (``../shared/graphs/stg``) on 4 devices (no network): the gap to
 ``meta.optimal_makespan_us["4"]`` (the first number; a pair is a proven lower and upper bound).
 
-The algorithms: m-ETF, m-SCT, m-TOPO, m-fill with the pipeline (default options) and without
+The algorithms: m-ETF, m-SCT, m-TOPO, m-fill, m-cut with the pipeline (default options) and without
 (``co_placement``/``fusion`` false), ``allow_single`` off so that each is measured itself; the
 single-device plan; ``auto`` with default options and ``--auto-seconds``; ``exact``. Writes
 ``bench/fragments/optima.md``; its first line is the command that generated it.
@@ -39,7 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-HEURISTICS = ("m-etf", "m-sct", "m-topo", "m-fill")
+HEURISTICS = ("m-etf", "m-sct", "m-topo", "m-fill", "m-cut")
 #: Column name → (algorithm, options without the time limit).
 COLUMNS: dict[str, tuple[str, dict[str, Any]]] = {
     **{f"{a}": (a, {"allow_single": False}) for a in HEURISTICS},
