@@ -1,4 +1,4 @@
-"""m-cut: contiguous segments of the topological order, cut where the fewest bytes cross.
+"""m-cut: contiguous segments of the topological order, cut where transfers cost least.
 
 m-fill's plan, memory first, with its cuts chosen: m-fill fills each device before it starts
 the next, so its cuts fall wherever a device is full, often across the largest activations
@@ -34,11 +34,13 @@ def place_cut(problem: Problem) -> Assignment:
     (:meth:`~baechi.costmodel.CostModel.nominal_transfer_us`). A stretch fits a device when
     it does under m-fill's accounting on a device of its own (:func:`_reach`): the
     persistent bytes of the units that start in it, outputs until their last reader,
-    received copies until the last reader of their tensor, and each op's temp while it runs.
-    Devices take the stretches in cluster order (a device may take none); a unit's ops
-    follow its first op, pinned units their pin, and each device runs its ops in canonical
-    order. The simulator then judges the plan: units that span stretches (a forward op and
-    its backward op) add to their device later than the stretch accounts for.
+    received copies until the last reader of their tensor, and each op's temp while it runs
+    (without m-fill's zero-time rule: an instant op's inputs count while it runs, so a
+    stretch may hold a little less than m-fill would put there). Devices take the stretches
+    in cluster order (a device may take none); a unit's ops follow its first op, pinned
+    units their pin, and each device runs its ops in canonical order. The simulator then
+    judges the plan: units that span stretches (a forward op and its backward op) add to
+    their device later than the stretch accounts for.
 
     Cost: one walk per start position and distinct device budget, each as long as the
     stretch that fits (O(ops × stretch) steps), and a shortest path in O(devices × ops)
@@ -204,6 +206,7 @@ def _reach(problem: Problem, d: int, first: list[int], last: list[int], starts: 
                 last_of_message[message_ids[cost.transfer_key(k, d)]] = last[graph.edge_src[k]]
     own_bytes = [graph.temp_bytes[op] + graph.output_bytes[op] for op in order]
     held_bytes = [graph.output_bytes[op] if last[op] > p else 0 for p, op in enumerate(order)]
+
     def walk(i: int) -> tuple[int, float]:
         """The end of the longest stretch from ``i`` and the bytes its next op is short."""
         persistent = 0
