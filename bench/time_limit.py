@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/time_limit.py [--shared ../shared] [--seconds 10] [--quick]
+    python bench/time_limit.py [--shared ../shared] [--seconds 10] [--quick] [--from-csv]
 
 ``bench/run.py`` gives ``auto`` 2 s per setting (its default is 60 s) so that the whole table
 takes minutes. This places every memory-limited setting of it again with ``auto`` at
@@ -11,6 +11,9 @@ where all have a plan), ``auto`` at that limit with ``auto`` at 2 s and with the
 plan, today's (``bench/results.csv``) and before the plan optimizer (``bench/baseline.csv``).
 Run it after ``bench/run.py``: it reads the 2 s results from ``bench/results.csv``. Writes
 ``bench/time_limit.csv`` and ``bench/fragments/time_limit.md`` (first line: the command).
+``--from-csv`` places nothing: it renders the fragment again from ``bench/time_limit.csv``
+against the current ``bench/results.csv`` (after a later ``bench/run.py``), keeping the
+first line of the run that wrote the CSV.
 """
 
 from __future__ import annotations
@@ -122,7 +125,17 @@ def main() -> int:
     parser.add_argument("--shared", default=str(ROOT.parent / "shared"))
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--quick", action="store_true", help="the few graphs of run.py --quick")
+    parser.add_argument("--from-csv", action="store_true",
+                        help="render the fragment again from bench/time_limit.csv, placing nothing")
     args = parser.parse_args()
+    fragment = ROOT / "bench" / "fragments" / "time_limit.md"
+    if args.from_csv:
+        rows = read_rows(ROOT / "bench" / "time_limit.csv")
+        header = fragment.read_text().splitlines()[0]  # the command and seconds of the run
+        text = markdown(rows, float(rows[0]["time_limit_s"]), "", 0.0)
+        fragment.write_text("\n".join([header, *text.splitlines()[1:]]) + "\n")
+        print(f"wrote {fragment} from bench/time_limit.csv")
+        return 0
     paths = graphs_or_exit(args.shared, args.quick)
     tick = time.perf_counter()
     rows: list[dict[str, Any]] = []
@@ -133,7 +146,6 @@ def main() -> int:
     command = f"python bench/time_limit.py --seconds {args.seconds:g}" + \
         (" --quick" if args.quick else "")
     write_rows(rows, ROOT / "bench" / "time_limit.csv")
-    fragment = ROOT / "bench" / "fragments" / "time_limit.md"
     fragment.write_text(markdown(rows, args.seconds, command, elapsed))
     print(f"wrote {fragment} and bench/time_limit.csv in {elapsed:.0f} s")
     return 0
