@@ -17,6 +17,8 @@ reports:
 
 Run it after ``bench/run.py`` (it reads ``bench/results.csv``). Writes
 ``bench/memory_sweep.csv`` and ``bench/fragments/memory_sweep.md`` (first line: the command).
+``--from-csv`` places nothing: it renders the fragment again from ``bench/memory_sweep.csv``
+against the current ``bench/results.csv``, keeping the first line of the run that wrote it.
 """
 
 from __future__ import annotations
@@ -174,7 +176,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shared", default=str(ROOT.parent / "shared"))
     parser.add_argument("--quick", action="store_true", help="the few graphs of run.py --quick")
+    parser.add_argument("--from-csv", action="store_true",
+                        help="render the fragment again from bench/memory_sweep.csv, placing "
+                             "nothing")
     args = parser.parse_args()
+    fragment = ROOT / "bench" / "fragments" / "memory_sweep.md"
+    if args.from_csv:
+        header = fragment.read_text().splitlines()[0]  # the command and seconds of the run
+        text = markdown(read_rows(ROOT / "bench" / "memory_sweep.csv"), "", 0.0)
+        fragment.write_text("\n".join([header, *text.splitlines()[1:]]) + "\n")
+        print(f"wrote {fragment} from bench/memory_sweep.csv")
+        return 0
     paths = graphs_or_exit(args.shared, args.quick)
     tick = time.perf_counter()
     rows: list[dict[str, Any]] = []
@@ -184,7 +196,6 @@ def main() -> int:
     elapsed = time.perf_counter() - tick
     command = "python bench/memory_sweep.py" + (" --quick" if args.quick else "")
     write_rows(rows, ROOT / "bench" / "memory_sweep.csv")
-    fragment = ROOT / "bench" / "fragments" / "memory_sweep.md"
     fragment.write_text(markdown(rows, command, elapsed))
     print(f"wrote {fragment} and bench/memory_sweep.csv in {elapsed:.0f} s")
     return 0
