@@ -266,3 +266,17 @@ def test_conformance_unchanged_with_the_new_fields_at_neutral_values(path: Any) 
         return
     graph, plan = _explicit_defaults(case)
     assert simulate(graph, plan) == simulate(case["graph"], case["plan"])
+
+
+def test_cut_without_memory_limits_ends_a_stretch_where_an_op_cannot_run() -> None:
+    """m-cut with unlimited memory: no device runs every op (``a`` on GPUs only, ``b`` on CPUs
+    only), so the GPU's stretch ends before ``b`` (found by the property test above)."""
+    doc = {"format": "baechi.graph/v1",
+           "ops": [{"name": "a", "compute_us": 5, "compute_us_by_kind": {"cpu": None}},
+                   {"name": "b", "compute_us": 5, "compute_us_by_kind": {"gpu": None, "cpu": 5}},
+                   {"name": "c", "compute_us": 5}],
+           "edges": [{"src": "a", "dst": "b", "bytes": 10}, {"src": "b", "dst": "c", "bytes": 10}]}
+    cluster = {"devices": [{"name": "g0"}, {"name": "c0", "kind": "cpu", "host": True}]}
+    plan = place(doc, cluster, "m-cut", {"allow_single": False, "co_placement": False,
+                                         "fusion": False})
+    assert plan.placement == {"a": "g0", "b": "c0", "c": "c0"}

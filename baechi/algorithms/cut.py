@@ -10,6 +10,7 @@ device: a shortest path over the cut positions.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from typing import Any
@@ -144,7 +145,7 @@ def place_cut(problem: Problem) -> Assignment:
     if math.isinf(best[n]):
         op = graph.names[order[farthest]]
         why = f"the closest is {missing:.0f} bytes short" if math.isfinite(missing) else \
-            "no device left in cluster order can run it"
+            "no device left in cluster order can run it (its compute_us_by_kind)"
         raise InfeasiblePlacement(
             f"m-cut: no contiguous split of the topological order fits memory: no stretch "
             f"reaches past op {op!r}; {why}",
@@ -183,13 +184,20 @@ def _reach(problem: Problem, d: int, first: list[int], last: list[int], starts: 
     order = graph.topo
     n = len(order)
     limit = problem.budget[d]
-    if math.isinf(limit):
-        chosen = set(starts)
-        return [n if i in chosen else i for i in range(n)], [0.0] * n
-    unit_persistent = persistent_bytes_by(graph, units.unit_of, len(units))
     allowed = [d in problem.devices_for(u) for u in range(len(units))]
-    unit_of = [units.unit_of[op] for op in order]  # by position
     pinned_away = [units.pin[u] not in (-1, d) for u in range(len(units))]
+    if math.isinf(limit):
+        # only kinds end a stretch: at the first unit from ``i`` on that cannot run on ``d``
+        blocked = sorted(first[u] for u in range(len(units))
+                         if not allowed[u] and not pinned_away[u])
+        chosen = set(starts)
+        reach = list(range(n))
+        for i in chosen:
+            k = bisect.bisect_left(blocked, i)
+            reach[i] = blocked[k] if k < len(blocked) else n
+        return reach, [0.0] * n
+    unit_persistent = persistent_bytes_by(graph, units.unit_of, len(units))
+    unit_of = [units.unit_of[op] for op in order]  # by position
     # per position: its data inputs as (source unit, message id, bytes); a message id per
     # message key (CostModel.transfer_key: sent once per destination, the device fixed here)
     message_ids: dict[tuple[Any, ...], int] = {}
