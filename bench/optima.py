@@ -18,10 +18,11 @@ the table counts, per algorithm, the proved cases where it found no plan. STG gr
 (``../shared/graphs/stg``) on 4 devices (no network): the gap to
 ``meta.optimal_makespan_us["4"]`` (the first number; a pair is a proven lower and upper bound).
 
-The algorithms: m-ETF, m-SCT, m-TOPO, m-fill, m-cut with the pipeline (default options) and without
-(``co_placement``/``fusion`` false), ``allow_single`` off so that each is measured itself; the
-single-device plan; ``auto`` with default options and ``--auto-seconds``; ``exact``. Writes
-``bench/fragments/optima.md``; its first line is the command that generated it.
+The algorithms: m-ETF, m-SCT, m-TOPO, m-fill, m-cut with the pipeline (default options) and
+without (``co_placement``/``fusion`` false), ``allow_single`` off so that each is measured
+itself; the single-device plan; ``auto`` with default options and ``--auto-seconds``;
+``exact``. Writes ``bench/fragments/optima.md``; its first line is the command that generated
+it.
 """
 
 from __future__ import annotations
