@@ -74,10 +74,9 @@ def place_cut(problem: Problem) -> Assignment:
     order = graph.topo
     n = len(order)
     position = [0] * n
-    for p, op in enumerate(order):
-        position[op] = p
     first = [n] * len(units)  # each unit's first position
     for p, op in enumerate(order):
+        position[op] = p
         first[units.unit_of[op]] = min(first[units.unit_of[op]], p)
     # last[op]: the position of its last data reader (its own when none reads it)
     last = list(position)
@@ -111,6 +110,7 @@ def place_cut(problem: Problem) -> Assignment:
         cheapest = np.argsort(cut_us[1:], kind="stable")[:CUT_STARTS] + 1
         spaced = np.linspace(0, n - 1, CUT_STARTS + 1).astype(int)
         candidates = sorted({0, *cheapest.tolist(), *spaced.tolist()})
+    walks = _Walks(problem, first, last)  # what every device's walks share
     reaches: dict[tuple[float, str, int], tuple[list[int], list[float]]] = {}
     farthest = 0  # the farthest position a stretch ends at (where memory stops it)
     missing = math.inf  # the least a stretch ending at the farthest position went over
@@ -123,7 +123,7 @@ def place_cut(problem: Problem) -> Assignment:
             break  # no cut at all: the devices after take nothing
         key = (budget[d], device.kind, d if pinned else -1)
         if key not in reaches:
-            reaches[key] = _reach(problem, d, first, last, candidates)
+            reaches[key] = _reach(problem, walks, d, candidates)
         reach, short = reaches[key]
         after = best.copy()
         start = np.full(n + 1, -1)  # -1: the device takes nothing
@@ -170,7 +170,41 @@ def place_cut(problem: Problem) -> Assignment:
     return Assignment(device_of, orders)
 
 
-def _reach(problem: Problem, d: int, first: list[int], last: list[int], starts: list[int]
+class _Walks:
+    """The tables of :func:`_reach` that no device changes, built once per placement: the
+    units' persistent bytes, per position its unit, its data inputs as (source unit, message
+    id, bytes) (a message id per message key, :meth:`CostModel.transfer_key
+    <baechi.costmodel.CostModel.transfer_key>` without its destination: the destination is
+    the stretch's device), the position of each message's last reader, and the bytes an op
+    allocates while it runs and holds after it."""
+
+    def __init__(self, problem: Problem, first: list[int], last: list[int]) -> None:
+        graph, units, cost = problem.graph, problem.units, problem.cost
+        order = graph.topo
+        self.first, self.last = first, last
+        self.unit_persistent = persistent_bytes_by(graph, units.unit_of, len(units))
+        self.unit_of = [units.unit_of[op] for op in order]  # by position
+        message_ids: dict[tuple[Any, ...], int] = {}
+        self.inputs: list[list[tuple[int, int, int]]] = []
+        self.last_of_message: list[int] = []
+        for op in order:
+            inputs = []
+            for k in graph.in_edges[op]:
+                if graph.edge_control[k]:
+                    continue
+                key = cost.transfer_key(k, 0)
+                if key not in message_ids:
+                    message_ids[key] = len(message_ids)
+                    self.last_of_message.append(last[graph.edge_src[k]])
+                inputs.append((units.unit_of[graph.edge_src[k]], message_ids[key],
+                               graph.edge_bytes[k]))
+            self.inputs.append(inputs)
+        self.own_bytes = [graph.temp_bytes[op] + graph.output_bytes[op] for op in order]
+        self.held_bytes = [graph.output_bytes[op] if last[op] > p else 0
+                           for p, op in enumerate(order)]
+
+
+def _reach(problem: Problem, walks: _Walks, d: int, starts: list[int]
            ) -> tuple[list[int], list[float]]:
     """Per start position ``i``, the end ``j`` of the longest stretch ``i..j-1`` of the
     canonical order that fits device ``d`` on its own, and the bytes the stretch would go
@@ -180,9 +214,9 @@ def _reach(problem: Problem, d: int, first: list[int], last: list[int], starts: 
     elsewhere are not the stretch's: they go to their unit's device; what they send is
     received like any copy.
     """
-    graph, units, cost = problem.graph, problem.units, problem.cost
-    order = graph.topo
-    n = len(order)
+    units = problem.units
+    n = len(problem.graph)
+    first, last, order = walks.first, walks.last, problem.graph.topo
     limit = problem.budget[d]
     allowed = [d in problem.devices_for(u) for u in range(len(units))]
     pinned_away = [units.pin[u] not in (-1, d) for u in range(len(units))]
@@ -196,24 +230,9 @@ def _reach(problem: Problem, d: int, first: list[int], last: list[int], starts: 
             k = bisect.bisect_left(blocked, i)
             reach[i] = blocked[k] if k < len(blocked) else n
         return reach, [0.0] * n
-    unit_persistent = persistent_bytes_by(graph, units.unit_of, len(units))
-    unit_of = [units.unit_of[op] for op in order]  # by position
-    # per position: its data inputs as (source unit, message id, bytes); a message id per
-    # message key (CostModel.transfer_key: sent once per destination, the device fixed here)
-    message_ids: dict[tuple[Any, ...], int] = {}
-    inputs: list[list[tuple[int, int, int]]] = []
-    for op in order:
-        inputs.append([(units.unit_of[graph.edge_src[k]],
-                        message_ids.setdefault(cost.transfer_key(k, d), len(message_ids)),
-                        graph.edge_bytes[k])
-                       for k in graph.in_edges[op] if not graph.edge_control[k]])
-    last_of_message = [0] * len(message_ids)
-    for op in order:
-        for k in graph.in_edges[op]:
-            if not graph.edge_control[k]:
-                last_of_message[message_ids[cost.transfer_key(k, d)]] = last[graph.edge_src[k]]
-    own_bytes = [graph.temp_bytes[op] + graph.output_bytes[op] for op in order]
-    held_bytes = [graph.output_bytes[op] if last[op] > p else 0 for p, op in enumerate(order)]
+    unit_persistent, unit_of, inputs = walks.unit_persistent, walks.unit_of, walks.inputs
+    last_of_message, own_bytes, held_bytes = \
+        walks.last_of_message, walks.own_bytes, walks.held_bytes
 
     def walk(i: int) -> tuple[int, float]:
         """The end of the longest stretch from ``i`` and the bytes its next op is short."""
@@ -233,22 +252,21 @@ def _reach(problem: Problem, d: int, first: list[int], last: list[int], starts: 
             if not allowed[unit]:
                 return j, 0.0
             new_persistent = unit_persistent[unit] if first[unit] == j else 0
-            arriving = [(message, nbytes) for src_unit, message, nbytes in inputs[j]
+            arriving = {message: nbytes for src_unit, message, nbytes in inputs[j]
                         if (first[src_unit] < i or pinned_away[src_unit])
-                        and message not in copied]
-            running = level + own_bytes[j] + sum({m: b for m, b in arriving}.values())
+                        and message not in copied}  # copies it receives, once each
+            running = level + own_bytes[j] + sum(arriving.values())
             over = persistent + new_persistent + max(peak, running) - limit
             if over > 0:
                 return j, over
             persistent += new_persistent
             peak = max(peak, running)
-            for message, nbytes in arriving:
-                if message not in copied:
-                    # a copy leaves once every reader of its producer's output ran
-                    copied.add(message)
-                    level += nbytes
-                    frees[last_of_message[message]] = \
-                        frees.get(last_of_message[message], 0) + nbytes
+            for message, nbytes in arriving.items():
+                # a copy leaves once every reader of its producer's output ran
+                copied.add(message)
+                level += nbytes
+                frees[last_of_message[message]] = \
+                    frees.get(last_of_message[message], 0) + nbytes
             if held_bytes[j]:
                 level += held_bytes[j]
                 frees[last[order[j]]] = frees.get(last[order[j]], 0) + held_bytes[j]
