@@ -44,6 +44,7 @@ from run import (  # noqa: E402  (bench/ is not a package)
     geomean,
     graphs_or_exit,
     read_rows,
+    rewrite_fragment,
     single_peak,
     write_rows,
 )
@@ -182,10 +183,8 @@ def main() -> int:
     args = parser.parse_args()
     fragment = ROOT / "bench" / "fragments" / "memory_sweep.md"
     if args.from_csv:
-        header = fragment.read_text().splitlines()[0]  # the command and seconds of the run
         text = markdown(read_rows(ROOT / "bench" / "memory_sweep.csv"), "", 0.0)
-        fragment.write_text("\n".join([header, *text.splitlines()[1:]]) + "\n")
-        print(f"wrote {fragment} from bench/memory_sweep.csv")
+        rewrite_fragment(fragment, text, "bench/memory_sweep.csv")
         return 0
     paths = graphs_or_exit(args.shared, args.quick)
     tick = time.perf_counter()

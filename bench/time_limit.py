@@ -37,6 +37,7 @@ from run import (  # noqa: E402  (bench/ is not a package)
     geomean,
     graphs_or_exit,
     read_rows,
+    rewrite_fragment,
     setting_key,
     settings,
     single_peak,
@@ -131,10 +132,8 @@ def main() -> int:
     fragment = ROOT / "bench" / "fragments" / "time_limit.md"
     if args.from_csv:
         rows = read_rows(ROOT / "bench" / "time_limit.csv")
-        header = fragment.read_text().splitlines()[0]  # the command and seconds of the run
         text = markdown(rows, float(rows[0]["time_limit_s"]), "", 0.0)
-        fragment.write_text("\n".join([header, *text.splitlines()[1:]]) + "\n")
-        print(f"wrote {fragment} from bench/time_limit.csv")
+        rewrite_fragment(fragment, text, "bench/time_limit.csv")
         return 0
     paths = graphs_or_exit(args.shared, args.quick)
     tick = time.perf_counter()
