@@ -54,10 +54,16 @@ class InvalidPlan(PlacementError):
 
 
 class InfeasiblePlacement(PlacementError):
-    """No placement within the devices' memory was found."""
+    """No placement within the devices' memory was found.
+
+    ``plan``: when a placer completed an assignment it believes overshoots memory (m-fill's
+    walk past an op that fitted nowhere), that assignment, for the caller to replay and
+    repair; ``None`` otherwise. It is never part of :meth:`to_dict`.
+    """
 
     code = "infeasible"
     exit_status = 3
+    plan: Any = None
 
 
 class MissingExtra(PlacementError):

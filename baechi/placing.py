@@ -139,6 +139,9 @@ class Run:
     assignment: Assignment | None = None
     #: Without a plan within memory: the replay that overshot least (a start for repair).
     refused: Simulation | None = None
+    #: Without a plan within memory: the first attempt's replay, placed within the devices'
+    #: true limits (the retries' lowered budgets distort a plan as they shrink its overshoot).
+    first_refused: Simulation | None = None
 
     @property
     def pipeline(self) -> bool:
@@ -198,8 +201,10 @@ def run_algorithm(
     place_fn = get_algorithm(algorithm)
     over_error: InfeasiblePlacement | None = None  # why the last plan was refused
     refused: Simulation | None = None  # the refused plan that overshot least
+    first_refused: Simulation | None = None  # the plan placed within the true limits
     for attempt in range(MEMORY_RETRIES + 1):
         tick = time.perf_counter()
+        short: InfeasiblePlacement | None = None  # the placer's own refusal, with its plan
         try:
             assignment = place_fn(problem)
         except InfeasiblePlacement as exc:
@@ -208,8 +213,10 @@ def run_algorithm(
                 # a retry cut short says less than the overshoot that caused it
                 exc = over_error or InfeasiblePlacement(f"{algorithm}: {exc.message}",
                                                         exc.details)
-            return Run(algorithm, options, reduction, None, exc, attempt, {}, seconds,
-                       refused=refused)
+            if exc.plan is None:
+                return Run(algorithm, options, reduction, None, exc, attempt, {}, seconds,
+                           refused=refused, first_refused=first_refused)
+            short, assignment = exc, exc.plan
         seconds["place"] = seconds.get("place", 0.0) + time.perf_counter() - tick
         tick = time.perf_counter()
         device_of, orders = reduction.expand(assignment.device_of, assignment.orders)
@@ -219,12 +226,15 @@ def run_algorithm(
         if not over:
             return Run(algorithm, options, reduction, simulation, None, attempt,
                        for_the_request(assignment.stats, reduction), seconds, assignment)
-        over_error = over_limit_error(request, simulation, over, algorithm)
+        over_error = short or over_limit_error(request, simulation, over, algorithm)
         if refused is None or sum(over.values()) < sum(overshoot(refused, cluster).values()):
             refused = simulation
-        if attempt == MEMORY_RETRIES or request.expired():
+        first_refused = first_refused or simulation
+        # a plan its placer knew to overshoot is not placed again with less memory
+        if short is not None or attempt == MEMORY_RETRIES or request.expired():
             return Run(algorithm, options, reduction, None, over_error, attempt,
-                       for_the_request(assignment.stats, reduction), seconds, refused=refused)
+                       for_the_request(assignment.stats, reduction), seconds, refused=refused,
+                       first_refused=first_refused)
         budget = list(problem.budget)
         for d, excess in over.items():
             # the placer's memory model can be off by more than the overshoot it was told

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 
 import pytest
 from helpers import edge, graph_doc, op, two_devices
@@ -217,6 +218,38 @@ def test_fill_packs_a_chain_that_fits_only_in_segments() -> None:
                     [edge("o0", "o1", 10), edge("o1", "o2", 10)])
     plan = place(doc, two_devices(count=3, memory=1000), "m-fill")
     assert [plan.placement[f"o{i}"] for i in range(3)] == ["/GPU:0", "/GPU:1", "/GPU:2"]
+
+
+def test_fill_walks_past_an_op_that_fits_nowhere_and_hands_over_its_plan() -> None:
+    """o2's 600 bytes of weights fit on neither device (o0's weights on one, o1's 500-byte
+    output held for o2 on the other): m-fill names it, puts it where it is least short, and
+    the error carries the plan, which ``run_algorithm`` replays as the run's refused plan (a
+    start for repair)."""
+    from baechi.algorithms.base import Problem
+    from baechi.algorithms.fill import place_fill
+    from baechi.grouping import colocation_units
+    from baechi.options import Options
+    from baechi.placing import Request, run_algorithm
+
+    doc = graph_doc([op("o0", 10, persistent_bytes=600), op("o1", 10, output_bytes=500),
+                     op("o2", 10, persistent_bytes=600)],
+                    [edge("o0", "o1", 10), edge("o1", "o2", 500)])
+    graph, cluster = load_graph(doc), Cluster.parse(two_devices(memory=1000))
+    with pytest.raises(InfeasiblePlacement, match="op 'o2' fits on no device") as info:
+        place_fill(Problem.of(graph, cluster, colocation_units(graph, cluster)))
+    plan = info.value.plan
+    assert plan is not None and sorted(op for order in plan.orders for op in order) == [0, 1, 2]
+    # 600 + the peak while o1 ran there (its 10-byte input and 500-byte output) - 1000
+    assert info.value.details == {"op": "o2", "missing_bytes": 110}
+    assert plan.device_of == [0, 1, 1]
+    assert "plan" not in info.value.to_dict()
+    request = Request.of(graph, cluster, Options(), time.perf_counter(), lambda *_: None)
+    run = run_algorithm(request, "m-fill", request.options.without_pipeline())
+    assert run.simulation is None and run.error is not None
+    assert run.error.message.startswith("m-fill: op 'o2' fits on no device")
+    assert run.memory_retries == 0  # a plan its placer knew to overshoot is not placed again
+    assert run.refused is run.first_refused is not None
+    assert not run.refused.estimate.memory_ok
 
 
 def test_fallback_chain_ends_with_m_fill_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:

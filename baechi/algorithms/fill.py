@@ -24,6 +24,11 @@ def place_fill(problem: Problem) -> Assignment:
     there, else to the next device that holds it. Pinned or already placed units go where
     they must; the simulator then judges the plan.
 
+    A unit that fits on no device goes where it is least short and the walk goes on: the
+    :class:`~baechi.errors.InfeasiblePlacement` raised at the end names the first such op and
+    carries the whole assignment as ``plan``, a start for repair (and a plan when the
+    simulator, which frees memory as time passes, finds that it fits after all).
+
     Examples
     --------
     >>> from baechi import Cluster, load_graph
@@ -53,6 +58,7 @@ def place_fill(problem: Problem) -> Assignment:
     device_of = [-1] * len(graph)
     orders: list[list[int]] = [[] for _ in range(n_dev)]
     current = 0
+    short: InfeasiblePlacement | None = None  # the first op that fitted nowhere
 
     def incoming(op: int, d: int) -> int:
         total = 0
@@ -103,8 +109,8 @@ def place_fill(problem: Problem) -> Assignment:
             if d < 0:
                 d = next((e for e in allowed if e < current and fits(op, e, new)), -1)
             if d < 0:
-                missing = min(shortfall(op, e, new) for e in allowed)
-                raise InfeasiblePlacement(
+                missing, d = min((shortfall(op, e, new), e) for e in allowed)
+                short = short or InfeasiblePlacement(
                     f"m-fill: op {graph.names[op]!r} fits on no device in topological order: "
                     f"the closest is {missing:.0f} bytes short",
                     {"op": graph.names[op], "missing_bytes": int(missing)},
@@ -137,5 +143,8 @@ def place_fill(problem: Problem) -> Assignment:
                     level[key[1]] -= copies.pop(key)
         if consumers_left[op] == 0:
             level[d] -= graph.output_bytes[op]
+    if short is not None:
+        short.plan = Assignment(device_of, orders)
+        raise short
     return Assignment(device_of, orders)
 
