@@ -195,7 +195,6 @@ SEARCH_RESTARTS = 1
 #: Refused plans (over memory) that ``auto`` tries to repair, those overshooting least first.
 REPAIR_STARTS = 2
 
-
 #: Plans placed as if no device had a memory limit that ``auto`` repairs under a memory limit,
 #: before ``exact`` (which may take the time left): (algorithm, with the reduction pipeline,
 #: repair strategy). Such a plan keeps the parallelism that memory-aware choices give up, and

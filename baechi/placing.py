@@ -229,7 +229,8 @@ def run_algorithm(
         over_error = short or over_limit_error(request, simulation, over, algorithm)
         if refused is None or sum(over.values()) < sum(overshoot(refused, cluster).values()):
             refused = simulation
-        first_refused = first_refused or simulation
+        if first_refused is None:
+            first_refused = simulation
         # a plan its placer knew to overshoot is not placed again with less memory
         if short is not None or attempt == MEMORY_RETRIES or request.expired():
             return Run(algorithm, options, reduction, None, over_error, attempt,
