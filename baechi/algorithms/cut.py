@@ -224,9 +224,8 @@ def _reach(problem: Problem, walks: _Walks, d: int, starts: list[int]
         # only kinds end a stretch: at the first unit from ``i`` on that cannot run on ``d``
         blocked = sorted(first[u] for u in range(len(units))
                          if not allowed[u] and not pinned_away[u])
-        chosen = set(starts)
         reach = list(range(n))
-        for i in chosen:
+        for i in starts:
             k = bisect.bisect_left(blocked, i)
             reach[i] = blocked[k] if k < len(blocked) else n
         return reach, [0.0] * n

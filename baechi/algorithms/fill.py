@@ -110,11 +110,12 @@ def place_fill(problem: Problem) -> Assignment:
                 d = next((e for e in allowed if e < current and fits(op, e, new)), -1)
             if d < 0:
                 missing, d = min((shortfall(op, e, new), e) for e in allowed)
-                short = short or InfeasiblePlacement(
-                    f"m-fill: op {graph.names[op]!r} fits on no device in topological order: "
-                    f"the closest is {missing:.0f} bytes short",
-                    {"op": graph.names[op], "missing_bytes": int(missing)},
-                )
+                if short is None:
+                    short = InfeasiblePlacement(
+                        f"m-fill: op {graph.names[op]!r} fits on no device in topological "
+                        f"order: the closest is {missing:.0f} bytes short",
+                        {"op": graph.names[op], "missing_bytes": int(missing)},
+                    )
             current = max(current, d)
             unit_device[unit] = d
             persistent[d] += new
