@@ -28,7 +28,8 @@ wins, so ``auto`` is never slower than any candidate it ran):
    the first blind start runs right after them, before the costlier ones take the time.
    With still no plan, a last repair starts from the persistent bytes spread evenly
    (:data:`SPREAD_LABEL`); where they fill at least :data:`SPREAD_EARLY_SHARE` of the
-   memory, right after the cheap candidates, before that first blind start.
+   memory, right after the cheap candidates, followed by the repairs of their refused
+   plans, before that first blind start.
 3. The single-device plan, when the whole graph fits on one device.
 4. Local search (:func:`baechi.search.improve`) from the best plan, on the unreduced graph's
    units, in slices until :data:`SEARCH_PATIENCE` slices in a row gain less than
@@ -263,7 +264,17 @@ SPREAD_LABEL = "the persistent bytes spread evenly"
 #: settings where there was none (resnet50_inference_layer and resnet50_inference_operator,
 #: NVLink, suggested memory), geomean 0.997 of the other 47 (6 faster, 4 slower, at most
 #: 3.7%). Training graphs' weights fill under a quarter of the memory at the benchmark's
-#: levels.
+#: levels. The refused plans' repairs follow it there (they run in ``blind()`` too, before
+#: the blind starts), as the first blind start's failed repair (0.6 s on this slower
+#: machine) otherwise left them no time: with them, and m-fill's refused plan (its first)
+#: repaired "cheapest" too, ``python bench/compare.py --memory suggested --memory 30%`` at
+#: 2 s (80 settings) gave geomean 0.991 (suggested 0.979, 30% 1.005: within the noise of two
+#: passes on a 2-core machine, up to 10% on a setting); resnet50_inference_operator, PCIe,
+#: suggested 1005 -> 472 ms; resnet50_inference_layer, NVLink, suggested, 297 -> 245 ms;
+#: PCIe, suggested, 3058 -> 1472 ms in most runs (m-fill's first plan, repaired in 0.05 s,
+#: comes after three failed repairs of 0.3 s each). Run wherever no cheap candidate found a
+#: plan (not only where weights fill the memory), pipedream_nasnetamobile, PCIe, 75%, lost
+#: the time m-SCT needed (366 -> 710 ms).
 SPREAD_EARLY_SHARE = 0.5
 
 #: The note of a candidate that found no plan within memory.
@@ -392,7 +403,7 @@ def place_auto(request: Request) -> Outcome:
     spread_done = False
     spread_best: Run | None = None  # the best plan when it is the spread start's repair
     repaired_runs: list[Run] = []
-    repaired_ids: set[int] = set()  # ids of the refused plans repaired
+    repaired_ids: set[tuple[int, Strategy]] = set()  # refused plans repaired, and how
 
     def take(repairs: Iterator[tuple[Simulation | None, Candidate]]) -> None:
         nonlocal best, seconds
@@ -445,6 +456,9 @@ def place_auto(request: Request) -> Outcome:
         elif best is None and i > last_cheap and not blind_started:
             if _weights_fill(request):
                 spread()
+                # then, as in blind(), the refused plans: closer to a plan than the spread's
+                take(_repairs(request, _refused_starts(request, runs, repaired_ids),
+                              _step_of(best)))
             take(_repairs(request, _blind_starts(request, blind_started, skip_single=True,
                                                  first_only=True), _step_of(best)))
         report("auto", i / (len(entries) + 2))
@@ -630,28 +644,31 @@ def _run_entry(request: Request, entry: Entry, runs: list[Run], *, first: bool =
 RepairStart = tuple[Simulation | str, str, bool, float, Strategy]
 
 
-def _refused_starts(request: Request, runs: list[Run], repaired: set[int]
+def _refused_starts(request: Request, runs: list[Run], repaired: set[tuple[int, Strategy]]
                     ) -> list[RepairStart]:
-    """The refused plans to repair, none twice (``repaired``: ids of the plans taken before,
-    updated): the :data:`REPAIR_STARTS` that overshot least, with "largest"; then as many of
-    the runs' first plans (placed within the true limits, where retries with lower budgets
-    followed), with "cheapest", as they overshoot by whole blocks, like memory-blind plans.
+    """The refused plans to repair, none twice with one strategy (``repaired``: ids of the
+    plans taken before and their strategies, updated): the :data:`REPAIR_STARTS` that
+    overshot least, with "largest"; then as many of the runs' first plans (placed within the
+    true limits, where retries with lower budgets may have followed), with "cheapest", as
+    they overshoot by whole blocks, like memory-blind plans: a first plan that is also the
+    least overshooting (a run without retries, m-fill's) is repaired both ways.
     Measured at 2 s against the least overshooting alone (bench/compare.py, 204
     memory-limited settings): geomean 0.993, 25 faster, 16 slower (at most 0.8%);
     resnet50_inference_layer on its suggested 14 x 2 GiB (PCIe) 3051 -> 1472 ms, from
     m-fill's first plan; resnet50_training_layer, PCIe, 30%: 627 -> 547 ms."""
-    def fresh(plans: list[tuple[Simulation, Run]]) -> list[tuple[Simulation, Run]]:
+    def fresh(plans: list[tuple[Simulation, Run]], strategy: Strategy
+              ) -> list[tuple[Simulation, Run]]:
         """Up to :data:`REPAIR_STARTS` of ``plans`` over all calls, least overshoot first."""
-        taken = sum(1 for plan, _ in plans if id(plan) in repaired)
-        new = sorted(((p, r) for p, r in plans if id(p) not in repaired),
+        taken = sum(1 for plan, _ in plans if (id(plan), strategy) in repaired)
+        new = sorted(((p, r) for p, r in plans if (id(p), strategy) not in repaired),
                      key=lambda pr: sum(overshoot(pr[0], request.cluster).values()))
         new = new[:max(0, REPAIR_STARTS - taken)]
-        repaired.update(id(plan) for plan, _ in new)
+        repaired.update((id(plan), strategy) for plan, _ in new)
         return new
 
-    least = fresh([(r.refused, r) for r in runs if r.refused is not None])
-    firsts = fresh([(r.first_refused, r) for r in runs
-                    if r.first_refused is not None and r.first_refused is not r.refused])
+    least = fresh([(r.refused, r) for r in runs if r.refused is not None], "largest")
+    firsts = fresh([(r.first_refused, r) for r in runs if r.first_refused is not None],
+                   "cheapest")
     return [(plan, f"{run.algorithm}'s {label}", run.pipeline, CANDIDATE_SHARE, strategy)
             for pairs, label, strategy in ((least, "plan", "largest"),
                                            (firsts, "first plan", "cheapest"))

@@ -17,10 +17,10 @@ from test_algorithms import clusters, dags
 
 from baechi import Cluster, InfeasiblePlacement, load_graph, place
 from baechi.algorithms.base import no_progress
-from baechi.auto import BLIND_SHARE, CANDIDATE_SHARE, SPREAD_LABEL, _blind_starts
+from baechi.auto import BLIND_SHARE, CANDIDATE_SHARE, SPREAD_LABEL, _blind_starts, _refused_starts
 from baechi.grouping import colocation_units
 from baechi.options import Options
-from baechi.placing import Request, memory_blind_replay, spread_plan
+from baechi.placing import Request, Run, memory_blind_replay, spread_plan
 from baechi.repair import repair, units_at_peak
 from baechi.simulate import check_constraints, check_orders, replay, single_device_run
 
@@ -187,9 +187,9 @@ def test_auto_repairs_a_plan_placed_as_if_memory_were_unlimited(
 @pytest.mark.shared
 def test_auto_repairs_a_placers_first_plan() -> None:
     """resnet50_inference_layer on its suggested 14 devices of 2 GiB (PCIe): m-fill's first
-    plan (placed within the true limits, before its retries lowered the budgets) repaired
-    with "cheapest" takes about half the step of every repair of another kind (1484 ms
-    against 3135 from the persistent bytes spread evenly, auto's plan before)."""
+    plan (placed within the true limits; m-fill places once, so it is also its least
+    overshooting plan) repaired with "cheapest" takes about half the step of every repair of
+    another kind (1484 ms against 3135 from the persistent bytes spread evenly)."""
     path = PIPEDREAM.parent / "dnn-partitioning" / "latency-inputs" / \
         "resnet50_inference_layer.json"
     if not path.exists():
@@ -204,6 +204,23 @@ def test_auto_repairs_a_placers_first_plan() -> None:
     first = repairs["from m-fill's first plan, over memory"]
     assert first < 0.6 * min(step for note, step in repairs.items() if "first plan" not in note)
     assert plan.estimate.memory_ok and plan.estimate.step_time_us <= first
+
+
+def test_a_first_plan_that_overshot_least_is_repaired_both_ways() -> None:
+    """A run placed once (m-fill's: no memory retries) has one refused plan, its first: it is
+    repaired as the least overshooting ("largest") and as a first plan ("cheapest"), each
+    once over every call."""
+    graph = load_graph(residual_block())
+    cluster = Cluster.parse({"devices": {"count": 2, "memory_bytes": 600}})
+    request = Request.of(graph, cluster, Options(), time.perf_counter(), no_progress)
+    plan = request.replay([0] * len(graph), [list(graph.topo), []])
+    assert not plan.estimate.memory_ok
+    run = Run("m-fill", request.options, request.unreduced, refused=plan, first_refused=plan)
+    repaired: set[tuple[int, str]] = set()
+    starts = _refused_starts(request, [run], repaired)  # type: ignore[arg-type]
+    assert [(start, label, strategy) for start, label, _, _, strategy in starts] == [
+        (plan, "m-fill's plan", "largest"), (plan, "m-fill's first plan", "cheapest")]
+    assert _refused_starts(request, [run], repaired) == []  # type: ignore[arg-type]
 
 
 def test_no_blind_starts_without_a_memory_limit() -> None:
@@ -295,3 +312,11 @@ def test_auto_repairs_the_persistent_bytes_spread_evenly_where_nothing_else_fits
     blind = [i for i, c in enumerate(candidates) if c.algorithm == "repair"
              and "placed as if memory were unlimited" in c.note]
     assert blind and spread[0] < min(blind) and spread[0] < unreduced_etf
+    # then the refused plans, closer to a plan than the spread start, before the blind ones;
+    # m-fill's, placed without retries, both as the least overshooting and as a first plan
+    refused = [(i, c.note.split(",")[0]) for i, c in enumerate(candidates)
+               if c.algorithm == "repair" and c.note.startswith("from m-fill's")
+               and not c.pipeline]
+    assert sorted(note for _, note in refused) == ["from m-fill's first plan",
+                                                   "from m-fill's plan"]
+    assert spread[0] < min(i for i, _ in refused) and max(i for i, _ in refused) < min(blind)
