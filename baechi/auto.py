@@ -265,7 +265,7 @@ SPREAD_LABEL = "the persistent bytes spread evenly"
 #: NVLink, suggested memory), geomean 0.997 of the other 47 (6 faster, 4 slower, at most
 #: 3.7%). Training graphs' weights fill under a quarter of the memory at the benchmark's
 #: levels. The refused plans' repairs follow it there (they run in ``blind()`` too, before
-#: the blind starts), as the first blind start's failed repair (0.6 s on this slower
+#: the blind starts), as the first blind start's failed repair (0.6 s on that slower
 #: machine) otherwise left them no time: with them, and m-fill's refused plan (its first)
 #: repaired "cheapest" too, ``python bench/compare.py --memory suggested --memory 30%`` at
 #: 2 s (80 settings) gave geomean 0.991 (suggested 0.979, 30% 1.005: within the noise of two
