@@ -420,6 +420,9 @@ def place_auto(request: Request) -> Outcome:
             if best is None or fixed.estimate.step_time_us < _step_of(best):
                 best = run
 
+    def repair_refused() -> None:  # the refused plans not repaired yet (_refused_starts)
+        take(_repairs(request, _refused_starts(request, runs, repaired_ids), _step_of(best)))
+
     def spread() -> None:  # once, while no plan: the persistent bytes spread evenly
         nonlocal spread_done, spread_best
         spread_done = True
@@ -436,7 +439,7 @@ def place_auto(request: Request) -> Outcome:
         # a plan within memory first: the refused plans are closest to one (closer than the
         # spread start's, where every tensor crosses devices)
         if best is None or best is spread_best:
-            take(_repairs(request, _refused_starts(request, runs, repaired_ids), _step_of(best)))
+            repair_refused()
         if best is None or not meets_bound(best.simulation, _bound(request, runs)):
             starts = _blind_starts(request, blind_started, skip_single=single is not None)
             take(_repairs(request, starts, _step_of(best)))
@@ -457,8 +460,7 @@ def place_auto(request: Request) -> Outcome:
             if _weights_fill(request):
                 spread()
                 # then, as in blind(), the refused plans: closer to a plan than the spread's
-                take(_repairs(request, _refused_starts(request, runs, repaired_ids),
-                              _step_of(best)))
+                repair_refused()
             take(_repairs(request, _blind_starts(request, blind_started, skip_single=True,
                                                  first_only=True), _step_of(best)))
         report("auto", i / (len(entries) + 2))
@@ -486,7 +488,7 @@ def place_auto(request: Request) -> Outcome:
     if not blind_done and not request.expired():
         blind()
     if best is None or not meets_bound(best.simulation, _bound(request, runs)):
-        take(_repairs(request, _refused_starts(request, runs, repaired_ids), _step_of(best)))
+        repair_refused()
     if not blind_done:
         single = single_plan(request)
     if single is not None:

@@ -21,7 +21,7 @@ from baechi.auto import BLIND_SHARE, CANDIDATE_SHARE, SPREAD_LABEL, _blind_start
 from baechi.grouping import colocation_units
 from baechi.options import Options
 from baechi.placing import Request, Run, memory_blind_replay, spread_plan
-from baechi.repair import repair, units_at_peak
+from baechi.repair import Strategy, repair, units_at_peak
 from baechi.simulate import check_constraints, check_orders, replay, single_device_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -216,11 +216,11 @@ def test_a_first_plan_that_overshot_least_is_repaired_both_ways() -> None:
     plan = request.replay([0] * len(graph), [list(graph.topo), []])
     assert not plan.estimate.memory_ok
     run = Run("m-fill", request.options, request.unreduced, refused=plan, first_refused=plan)
-    repaired: set[tuple[int, str]] = set()
-    starts = _refused_starts(request, [run], repaired)  # type: ignore[arg-type]
+    repaired: set[tuple[int, Strategy]] = set()
+    starts = _refused_starts(request, [run], repaired)
     assert [(start, label, strategy) for start, label, _, _, strategy in starts] == [
         (plan, "m-fill's plan", "largest"), (plan, "m-fill's first plan", "cheapest")]
-    assert _refused_starts(request, [run], repaired) == []  # type: ignore[arg-type]
+    assert _refused_starts(request, [run], repaired) == []
 
 
 def test_no_blind_starts_without_a_memory_limit() -> None:
