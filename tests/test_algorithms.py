@@ -332,3 +332,36 @@ def test_cut_finds_cuts_no_dearer_than_fills_segments(doc: dict, count: int,
         assert devices == sorted(devices)  # one stretch per device, in cluster order
         assert sorted(op for order in cut.orders for op in order) == list(range(len(graph)))
         assert _cut_us(problem, cut.device_of) <= _cut_us(problem, fill.device_of) + 1e-6
+
+
+@settings(max_examples=100, deadline=None)
+@given(doc=dags(), count=st.integers(2, 4),
+       memories=st.lists(st.sampled_from([4000, 6000, 9000, 15000]), min_size=2, max_size=4))
+def test_cut_reuses_its_walks_across_budgets(doc: dict, count: int, memories: list[int]) -> None:
+    """m-cut keeps its walks in ``Problem.memo`` for the memory retries: placing the same
+    problem with other budgets, tighter or looser, in any order, gives the plan (or the
+    refusal) that a problem of its own gives."""
+    import dataclasses
+
+    from baechi.algorithms.base import Problem
+    from baechi.algorithms.cut import MEMO_KEY, place_cut
+    from baechi.grouping import colocation_units
+
+    graph = load_graph(doc)
+    cluster = Cluster.parse(two_devices(count=count, memory=memories[0]))
+    units = colocation_units(graph, cluster)
+    kept = Problem.of(graph, cluster, units)
+
+    def outcome(problem: Problem) -> object:
+        try:
+            plan = place_cut(problem)
+        except InfeasiblePlacement as exc:
+            return exc.message, exc.details
+        return plan.device_of, plan.orders
+
+    for memory in memories:
+        kept = dataclasses.replace(kept, budget=[float(memory)] * count)
+        fresh = Problem.of(graph, Cluster.parse(two_devices(count=count, memory=memory)),
+                           units)
+        assert outcome(kept) == outcome(fresh)
+    assert MEMO_KEY in kept.memo and not fresh.memo.keys() - {MEMO_KEY}

@@ -47,6 +47,10 @@ class Problem:
     #: sequential mode and, under memory limits, the received copies out of its model (its
     #: bound still holds; its plans are replayed).
     relaxed: bool = False
+    #: What a placer computed on this graph and units that a placement of the same problem
+    #: with other budgets may reuse (m-cut's walks: :func:`~baechi.algorithms.cut.place_cut`),
+    #: by the placer's key. ``dataclasses.replace`` keeps it, as the memory retries do.
+    memo: dict[str, Any] = field(default_factory=dict)
     cost: CostModel = None  # type: ignore[assignment]  # built in __post_init__
 
     def __post_init__(self) -> None:
