@@ -95,8 +95,11 @@ from baechi.simulate import Simulation
 SCT_MAX_OPS = 5000
 
 #: ``auto`` runs m-cut on the unreduced graph only up to this many ops: each of its walks
-#: from a start position is as long as a device's stretch (gnmt_baechi, 2,494 ops, half its
-#: peak on 4 devices: 0.4 s, a fifth of a 2 s limit; the reduced graph's in 0.02 s).
+#: from a start position is as long as a device's stretch (gnmt_baechi, 2,494 ops, 75% of
+#: its peak on 4 PCIe devices: 0.24 s with its memory retries, the reduced graph's 0.11 s).
+#: At 5000 instead, which adds gnmt_baechi's unreduced m-cut: ``python bench/compare.py
+#: --graph gnmt_baechi --fractions 0.6,0.7,0.75,0.8,0.9`` at 2 s, geomean 0.9999 (2 faster,
+#: 1 slower, all within 0.3%): nothing gained.
 CUT_MAX_OPS = 2000
 
 #: ``auto`` runs ``exact`` on the graph itself when it has at most
