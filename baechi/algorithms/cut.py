@@ -80,8 +80,10 @@ def place_cut(problem: Problem) -> Assignment:
     order = graph.topo
     n = len(order)
     walks = problem.memo.get(MEMO_KEY)
-    if not isinstance(walks, _Walks) or walks.graph is not graph or walks.units is not units:
-        # built once per graph and units: a memory retry (other budgets) reuses the walks
+    if not isinstance(walks, _Walks) or walks.graph is not graph or walks.units is not units \
+            or walks.cost is not problem.cost:
+        # built once per graph, units and cost model: a memory retry (other budgets) reuses
+        # the walks
         walks = problem.memo[MEMO_KEY] = _Walks(problem)
     first, cut_us, candidates = walks.first, walks.cut_us, walks.candidates
     reaches: dict[tuple[float, str, int], tuple[list[int], list[float]]] = {}
@@ -145,8 +147,8 @@ def place_cut(problem: Problem) -> Assignment:
 
 
 class _Walks:
-    """What :func:`place_cut` computes once per graph and units, whatever the budgets (a
-    memory retry places the same problem with less memory).
+    """What :func:`place_cut` computes once per graph, units and cost model, whatever the
+    budgets (a memory retry places the same problem with less memory).
 
     The cut costs and the start positions; the tables of :func:`_reach`: the units'
     persistent bytes, per position its unit, its data inputs as (source unit, message id,
@@ -159,7 +161,7 @@ class _Walks:
 
     def __init__(self, problem: Problem) -> None:
         graph, units, cost = problem.graph, problem.units, problem.cost
-        self.graph, self.units = graph, units
+        self.graph, self.units, self.cost = graph, units, cost
         order = graph.topo
         n = len(order)
         position = [0] * n
