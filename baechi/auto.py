@@ -25,7 +25,8 @@ wins, so ``auto`` is never slower than any candidate it ran):
    units move off the overflowing devices until every device fits. A greedy placer that
    dead-ends leaves a fast plan over a limit; repaired, it often beats m-fill's
    memory-first segments. When none of the cheap candidates (up to m-fill) found a plan,
-   the first blind start runs right after them, before the costlier ones take the time.
+   or m-ETF's (the first) overshot memory, the first blind start runs right after them,
+   before the costlier ones take the time.
    With still no plan, a last repair starts from the persistent bytes spread evenly
    (:data:`SPREAD_LABEL`); where they fill at least :data:`SPREAD_EARLY_SHARE` of the
    memory, right after the cheap candidates, followed by the repairs of their refused
@@ -219,7 +220,19 @@ REPAIR_STARTS = 2
 #:
 #: When none of the cheap candidates (m-ETF with the pipeline, m-TOPO, m-fill) found a plan,
 #: the first start alone runs right after them with a candidate's share of the time left
-#: (:data:`CANDIDATE_SHARE`), the others where they ran before: m-ETF unreduced and m-SCT's
+#: (:data:`CANDIDATE_SHARE`), the others where they ran before; when m-ETF's plan (the first
+#: candidate) overshot memory but m-fill's fits, it runs there too, with a blind start's
+#: share (:data:`BLIND_SHARE` over the four). Run with the others instead, before ``exact``,
+#: it came after m-ETF unreduced and m-SCT's LPs had taken the time: on a machine 3x slower
+#: than the benchmarks' (m-ETF on gnmt_baechi at 768 MiB: 0.35-0.43 s; emulated with four
+#: busy loops beside it on 2 cores) it got 0.016 s and was not placed, and gnmt_baechi
+#: (NVLink, 75%) got m-ETF unreduced's 85.9 ms instead of its repair's 80.6 ms. ``python
+#: bench/compare.py`` at 2 s, early against with the others: on the benchmarks' machine
+#: (0.13 s for that m-ETF), every memory-limited setting (204), geomean 0.9989 (13
+#: faster, 15 slower, at most 1.5%: CP-SAT varies more than that between two runs of one
+#: variant); on the emulated slower machine,
+#: the 75% and 30% settings (108), 0.9999 (14 faster, 18 slower), gnmt_baechi NVLink 75%
+#: 85.9 -> 80.6 ms. Why early where no cheap candidate fits: m-ETF unreduced and m-SCT's
 #: LP took the 2 s of gnmt_baechi at 600 MiB (no network), which got no plan, where the
 #: repair needs 0.55 s (now 80.5 ms at 2 s). Against running it with the others, on the 5
 #: graphs of the memory sweep that have such settings at 40/60/70% of their peak
@@ -459,13 +472,18 @@ def place_auto(request: Request) -> Outcome:
             break
         if entry.algorithm == "exact" and not blind_done:
             blind()
-        elif best is None and i > last_cheap and not blind_started:
-            if _weights_fill(request):
+        elif i > last_cheap and not blind_started and (
+                best is None or runs[0].simulation is None):
+            # no plan yet, or the first (m-ETF's) overshot memory: the memory-first plans
+            # that fit lack its parallelism, which the repair of its blind plan keeps
+            if best is None and _weights_fill(request):
                 spread()
                 # then, as in blind(), the refused plans: closer to a plan than the spread's
                 repair_refused()
+            share = CANDIDATE_SHARE if best is None else BLIND_SHARE / len(BLIND_STARTS)
             take(_repairs(request, _blind_starts(request, blind_started, skip_single=True,
-                                                 first_only=True), _step_of(best)))
+                                                 first_only=True, first_share=share),
+                          _step_of(best)))
         report("auto", i / (len(entries) + 2))
         tick = time.perf_counter()
         first = best is None and (not runs or entry.last_resort)
@@ -690,7 +708,8 @@ def _weights_fill(request: Request) -> bool:
 
 
 def _blind_starts(request: Request, started: set[tuple[str, bool, Strategy]], *,
-                  skip_single: bool, first_only: bool = False) -> list[RepairStart]:
+                  skip_single: bool, first_only: bool = False,
+                  first_share: float = CANDIDATE_SHARE) -> list[RepairStart]:
     """:data:`BLIND_STARTS` to place as if memory were unlimited, those ``started`` before
     left out (``started`` updated): none when no device has a memory limit; the
     single-device plan not when it fits. Each gets an equal part of :data:`BLIND_SHARE`;
@@ -705,7 +724,7 @@ def _blind_starts(request: Request, started: set[tuple[str, bool, Strategy]], *,
     if first_only:
         starts = starts[:1]
     started.update(starts)
-    share = CANDIDATE_SHARE if first_only else BLIND_SHARE / max(1, len(starts))
+    share = first_share if first_only else BLIND_SHARE / max(1, len(starts))
     return [(a, f"{a}'s plan placed as if memory were unlimited", pipeline, share, strategy)
             for a, pipeline, strategy in starts]
 

@@ -385,3 +385,27 @@ def test_time_left_goes_to_a_finer_reduction(monkeypatch: pytest.MonkeyPatch) ->
     steps = [c.step_time_us for c in plan.stats.candidates if c.step_time_us is not None]
     assert plan.estimate.step_time_us <= min(steps)
     assert simulate(graph, plan).step_time_us == plan.estimate.step_time_us
+
+
+def test_when_m_etfs_plan_overshoots_its_blind_repair_runs_before_the_costlier_entries() -> None:
+    """gnmt_baechi on 4 NVLink devices at 75% of its single-device peak: m-ETF's plan
+    overshoots memory and only m-fill's fits among the cheap entries (contiguous segments,
+    no parallelism). The repair of m-ETF's plan of the reduced graph placed as if memory
+    were unlimited runs right after them, before m-cut, m-ETF unreduced and m-SCT take the
+    time (on a slow machine they left it none), and beats m-fill's plan."""
+    cluster = {"devices": {"count": 4, "memory_bytes": 688_269_312},
+               "network": {"latency_us": 10, "bandwidth_gbps": 150}}
+    plan = place(json.loads(GNMT.read_text()), cluster, "auto", {"time_limit_s": 5})
+    ran = plan.stats.candidates
+    assert [(c.algorithm, c.pipeline) for c in ran[:5]] == [
+        ("m-etf", True), ("m-topo", True), ("m-topo", False), ("m-fill", False),
+        ("m-fill", True)]
+    assert ran[0].note == auto.NO_FIT
+    fill = ran[3].step_time_us
+    assert fill is not None
+    assert (ran[5].algorithm, ran[5].pipeline) == ("repair", True)
+    assert ran[5].note.startswith("from m-etf's plan placed as if memory were unlimited")
+    assert (ran[6].algorithm, ran[6].pipeline) == ("m-cut", True)
+    repaired = ran[5].step_time_us
+    assert repaired is not None and repaired < fill
+    assert plan.estimate.memory_ok and plan.estimate.step_time_us <= repaired
