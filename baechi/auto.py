@@ -296,6 +296,10 @@ SPREAD_EARLY_SHARE = 0.5
 #: The note of a candidate that found no plan within memory.
 NO_FIT = "no plan within memory"
 
+#: The note of a memory-blind repair start whose algorithm placed nothing: no plan (one
+#: device cannot run every op), or the start's share of the time ran out first.
+NOT_PLACED = "not placed (no plan, or its share of the time ran out)"
+
 #: A step time within this relative distance of the lower bound is optimal.
 OPTIMAL_TOLERANCE = 1e-9
 
@@ -744,7 +748,10 @@ def _repairs(request: Request, starts: list[RepairStart], give_up_us: float
         if isinstance(start, str):
             placed = memory_blind_replay(dataclasses.replace(request, deadline=deadline), start,
                                          pipeline=pipeline)
-            if placed is None:
+            if placed is None:  # said, so that a start its share could not place shows
+                yield None, Candidate(
+                    algorithm="repair", pipeline=pipeline, seconds=time.perf_counter() - tick,
+                    note=f"from {label}: {NOT_PLACED}")
                 continue
             start = placed
         simulation: Simulation | None = start  # a blind plan may fit as it is

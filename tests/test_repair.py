@@ -17,7 +17,15 @@ from test_algorithms import clusters, dags
 
 from baechi import Cluster, InfeasiblePlacement, load_graph, place
 from baechi.algorithms.base import no_progress
-from baechi.auto import BLIND_SHARE, CANDIDATE_SHARE, SPREAD_LABEL, _blind_starts, _refused_starts
+from baechi.auto import (
+    BLIND_SHARE,
+    CANDIDATE_SHARE,
+    NOT_PLACED,
+    SPREAD_LABEL,
+    _blind_starts,
+    _refused_starts,
+    _repairs,
+)
 from baechi.grouping import colocation_units
 from baechi.options import Options
 from baechi.placing import Request, Run, memory_blind_replay, spread_plan
@@ -250,6 +258,23 @@ def test_the_first_blind_start_alone_gets_a_candidates_share() -> None:
     assert [(s[0], s[2]) for s in rest] == [("m-sct", False), ("m-etf", False),
                                             ("single", False)]
     assert sum(s[3] for s in rest) == pytest.approx(BLIND_SHARE)
+
+
+def test_a_blind_start_that_places_nothing_is_said() -> None:
+    """A memory-blind start whose algorithm places nothing (here ``single``: two ops pinned
+    to two devices) is listed with a note saying so, not left out of the candidates."""
+    doc = graph_doc([op("a", 10, device="/GPU:0", persistent_bytes=600),
+                     op("b", 10, device="/GPU:1", persistent_bytes=600)], [edge("a", "b", 1)])
+    graph = load_graph(doc)
+    cluster = Cluster.parse({"devices": {"count": 2, "memory_bytes": 800}})
+    request = Request.of(graph, cluster, Options(), time.perf_counter(), no_progress)
+    results = list(_repairs(request, [("single", "single's plan", False, 0.5, "cheapest")],
+                            math.inf))
+    assert len(results) == 1
+    fixed, candidate = results[0]
+    assert fixed is None and candidate.step_time_us is None
+    assert candidate.algorithm == "repair"
+    assert candidate.note == f"from single's plan: {NOT_PLACED}"
 
 
 @pytest.mark.parametrize("pipeline", [True, False])
