@@ -218,31 +218,29 @@ REPAIR_STARTS = 2
 #: settings, 40-90%): 0.999, within the noise of the time shares. The cheap single-device
 #: plan last: it needs little time to win where it wins.
 #:
-#: When none of the cheap candidates (m-ETF with the pipeline, m-TOPO, m-fill) found a plan,
-#: the first start alone runs right after them with a candidate's share of the time left
+#: When none of the cheap candidates (m-ETF with the pipeline, m-TOPO, m-fill) found a plan, the
+#: first start alone runs right after them with a candidate's share of the time left
 #: (:data:`CANDIDATE_SHARE`), the others where they ran before; when m-ETF's plan (the first
-#: candidate) overshot memory but m-fill's fits, it runs there too, with a blind start's
-#: share (:data:`BLIND_SHARE` over the four). Run with the others instead, before ``exact``,
-#: it came after m-ETF unreduced and m-SCT's LPs had taken the time: on a machine 3x slower
-#: than the benchmarks' (m-ETF on gnmt_baechi at 768 MiB: 0.35-0.43 s; emulated with four
-#: busy loops beside it on 2 cores) it got 0.016 s and was not placed, and gnmt_baechi
-#: (NVLink, 75%) got m-ETF unreduced's 85.9 ms instead of its repair's 80.6 ms. ``python
-#: bench/compare.py`` at 2 s, early against with the others: on the benchmarks' machine
-#: (0.13 s for that m-ETF), every memory-limited setting (204), geomean 0.9989 (13
-#: faster, 15 slower, at most 1.5%: CP-SAT varies more than that between two runs of one
-#: variant); on the emulated slower machine,
-#: the 75% and 30% settings (108), 0.9999 (14 faster, 18 slower), gnmt_baechi NVLink 75%
-#: 85.9 -> 80.6 ms. Why early where no cheap candidate fits: m-ETF unreduced and m-SCT's
-#: LP took the 2 s of gnmt_baechi at 600 MiB (no network), which got no plan, where the
-#: repair needs 0.55 s (now 80.5 ms at 2 s). Against running it with the others, on the 5
-#: graphs of the memory sweep that have such settings at 40/60/70% of their peak
-#: (``python bench/compare.py --fractions 0.4,0.6,0.7 --graph gnmt_baechi --graph
-#: nasnetalarge --graph nasnetamobile --graph resnet101 --graph resnext101``): at 10 s,
-#: geomean 0.982, 3 faster (pipedream_nasnetamobile, PCIe, 70%: 468.3 -> 389.6 ms;
-#: gnmt_baechi, NVLink, 70%: 85.8 -> 80.6 ms), 1 slower (0.4%); at 2 s, two passes: 0.982
-#: and 0.988, a plan where there was none (pipedream_resnet101, PCIe, 60%: 721.6 ms),
-#: gnmt_baechi NVLink 70% 116.6 -> 80.6 ms, and pipedream_nasnetamobile PCIe 70% slower
-#: (477.8 -> 530.3 and 474.4 -> 538.3 ms: the costlier candidates get less of the 2 s).
+#: candidate) overshot memory but m-fill's fits, it runs there too, with a blind start's share
+#: (:data:`BLIND_SHARE` over the four). Run with the others instead, before ``exact``, it came after
+#: m-ETF unreduced and m-SCT's LPs had taken the time: on a machine 3x slower than the benchmarks'
+#: (m-ETF on gnmt_baechi at 768 MiB: 0.35-0.43 s; emulated with four busy loops beside it on 2
+#: cores) it got 0.016 s and was not placed, and gnmt_baechi (NVLink, 75%) got m-ETF unreduced's
+#: 85.9 ms instead of its repair's 80.6 ms. ``python bench/compare.py`` at 2 s, early against with
+#: the others: on the benchmarks' machine (0.13 s for that m-ETF), every memory-limited setting
+#: (204), geomean 0.9989 (13 faster, 15 slower, at most 1.5%: CP-SAT varies more than that between
+#: two runs of one variant); on the emulated slower machine, the 75% and 30% settings (108), 0.9999
+#: (14 faster, 18 slower), gnmt_baechi NVLink 75% 85.9 -> 80.6 ms. Why early where no cheap
+#: candidate fits: m-ETF unreduced and m-SCT's LP took the 2 s of gnmt_baechi at 600 MiB (no
+#: network), which got no plan, where the repair needs 0.55 s (now 80.5 ms at 2 s). Against running
+#: it with the others, on the 5 graphs of the memory sweep that have such settings at 40/60/70% of
+#: their peak (``python bench/compare.py --fractions 0.4,0.6,0.7 --graph gnmt_baechi --graph
+#: nasnetalarge --graph nasnetamobile --graph resnet101 --graph resnext101``): at 10 s, geomean
+#: 0.982, 3 faster (pipedream_nasnetamobile, PCIe, 70%: 468.3 -> 389.6 ms; gnmt_baechi, NVLink, 70%:
+#: 85.8 -> 80.6 ms), 1 slower (0.4%); at 2 s, two passes: 0.982 and 0.988, a plan where there was
+#: none (pipedream_resnet101, PCIe, 60%: 721.6 ms), gnmt_baechi NVLink 70% 116.6 -> 80.6 ms, and
+#: pipedream_nasnetamobile PCIe 70% slower (477.8 -> 530.3 and 474.4 -> 538.3 ms: the costlier
+#: candidates get less of the 2 s).
 BLIND_STARTS: tuple[tuple[str, bool, Strategy], ...] = (
     ("m-etf", True, "largest"),
     ("m-sct", False, "cheapest"),
@@ -717,8 +715,8 @@ def _blind_starts(request: Request, started: set[tuple[str, bool, Strategy]], *,
     """:data:`BLIND_STARTS` to place as if memory were unlimited, those ``started`` before
     left out (``started`` updated): none when no device has a memory limit; the
     single-device plan not when it fits. Each gets an equal part of :data:`BLIND_SHARE`;
-    with ``first_only`` the first one alone, with a candidate's share
-    (:data:`CANDIDATE_SHARE`)."""
+    with ``first_only`` the first one alone, with ``first_share`` of the time left (a
+    candidate's share, :data:`CANDIDATE_SHARE`, unless told)."""
     if not _limited(request):
         return []
     starts = [start for start in BLIND_STARTS
@@ -748,7 +746,7 @@ def _repairs(request: Request, starts: list[RepairStart], give_up_us: float
         if isinstance(start, str):
             placed = memory_blind_replay(dataclasses.replace(request, deadline=deadline), start,
                                          pipeline=pipeline)
-            if placed is None:  # said, so that a start its share could not place shows
+            if placed is None:  # listed, so that a start its share could not place shows
                 yield None, Candidate(
                     algorithm="repair", pipeline=pipeline, seconds=time.perf_counter() - tick,
                     note=f"from {label}: {NOT_PLACED}")
