@@ -154,8 +154,9 @@ class _Walks:
     persistent bytes, per position its unit, its data inputs as (source unit, message id,
     bytes) (a message id per message key, :meth:`CostModel.transfer_key
     <baechi.costmodel.CostModel.transfer_key>` without its destination: the destination is
-    the stretch's device), the position of each message's last reader, and the bytes an op
-    allocates while it runs and holds after it; and ``profiles``: per device kind (and pin)
+    the stretch's device), the position of each message's last reader, the bytes an op
+    allocates while it runs and holds after it, and the position of its last reader, where
+    what it holds is freed; and ``profiles``: per device kind (and pin)
     and start position, the walks made so far (:class:`_Profile`).
     """
 
@@ -201,7 +202,7 @@ class _Walks:
             cheapest = np.argsort(self.cut_us[1:], kind="stable")[:CUT_STARTS] + 1
             spaced = np.linspace(0, n - 1, CUT_STARTS + 1).astype(int)
             self.candidates = sorted({0, *cheapest.tolist(), *spaced.tolist()})
-        self.first, self.last = first, last
+        self.first = first
         self.unit_persistent = persistent_bytes_by(graph, units.unit_of, len(units))
         self.unit_of = [units.unit_of[op] for op in order]  # by position
         message_ids: dict[tuple[Any, ...], int] = {}
@@ -222,6 +223,7 @@ class _Walks:
         self.own_bytes = [graph.temp_bytes[op] + graph.output_bytes[op] for op in order]
         self.held_bytes = [graph.output_bytes[op] if last[op] > p else 0
                            for p, op in enumerate(order)]
+        self.releases = [last[op] for op in order]  # where each held output is freed
         self.profiles: dict[tuple[str, int], dict[int, _Profile]] = {}
 
 
@@ -252,7 +254,7 @@ def _reach(problem: Problem, walks: _Walks, d: int, starts: list[int],
     """
     units = problem.units
     n = len(problem.graph)
-    first, last, order = walks.first, walks.last, problem.graph.topo
+    first = walks.first
     limit = problem.budget[d]
     allowed = [d in problem.devices_for(u) for u in range(len(units))]
     pinned_away = [units.pin[u] not in (-1, d) for u in range(len(units))]
@@ -266,8 +268,8 @@ def _reach(problem: Problem, walks: _Walks, d: int, starts: list[int],
             reach[i] = blocked[k] if k < len(blocked) else n
         return reach, [0.0] * n
     unit_persistent, unit_of = walks.unit_persistent, walks.unit_of
-    last_of_message, own_bytes, held_bytes = \
-        walks.last_of_message, walks.own_bytes, walks.held_bytes
+    last_of_message, own_bytes, held_bytes, releases = \
+        walks.last_of_message, walks.own_bytes, walks.held_bytes, walks.releases
     # per position, the first position of its unit, -1 for a unit pinned elsewhere (that
     # op is never the stretch's: ``first < i`` then holds for every start ``i``)
     first_at = [-1 if pinned_away[u] else first[u] for u in unit_of]
@@ -275,7 +277,6 @@ def _reach(problem: Problem, walks: _Walks, d: int, starts: list[int],
     # message id, bytes): a copy arrives when the source is not the stretch's
     sources = [[(-1 if pinned_away[src] else first[src], message, nbytes)
                 for src, message, nbytes in inputs] for inputs in walks.inputs]
-    releases = [last[op] for op in order]  # where each position's held output is freed
     frees = [0] * (n + 1)  # bytes freed after each position's op, reset after each walk
 
     def walk(i: int) -> _Profile:
