@@ -96,12 +96,14 @@ from baechi.simulate import Simulation
 SCT_MAX_OPS = 5000
 
 #: ``auto`` runs m-cut on the unreduced graph only up to this many ops: each of its walks
-#: from a start position is as long as a device's stretch (gnmt_baechi, 2,494 ops, 75% of
-#: its peak on 4 PCIe devices: 0.24 s with its memory retries, the reduced graph's 0.11 s).
-#: At 5000 instead, which adds gnmt_baechi's unreduced m-cut: ``python bench/compare.py
-#: --graph gnmt_baechi --fractions 0.6,0.7,0.75,0.8,0.9`` at 2 s, geomean 0.9999 (2 faster,
-#: 1 slower, all within 0.3%): nothing gained.
-CUT_MAX_OPS = 2000
+#: from a start position is as long as a device's stretch, and takes each unit with all its
+#: ops (pipedream_nasnetalarge, 1,251 ops, 50% of its peak on 4 PCIe devices: 0.67 s of the
+#: 2 s, which m-SCT and the repairs then lacked: 334.7 -> 655.3 ms). Its unreduced plans won
+#: only on graphs of up to 326 ops (bench/results.csv). ``python bench/compare.py`` at 2 s
+#: (204 memory-limited settings), m-cut taking whole units with this cap against m-cut
+#: counting each stretch's positions up to 2,000 ops: geomean 1.0005 (21 faster, 28 slower,
+#: within the noise of two passes).
+CUT_MAX_OPS = 500
 
 #: ``auto`` runs ``exact`` on the graph itself when it has at most
 #: :data:`~baechi.algorithms.exact.EXACT_MAX_OPS` ops (a proof then holds for the request),

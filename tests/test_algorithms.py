@@ -334,6 +334,69 @@ def test_cut_finds_cuts_no_dearer_than_fills_segments(doc: dict, count: int,
         assert _cut_us(problem, cut.device_of) <= _cut_us(problem, fill.device_of) + 1e-6
 
 
+def _stretch_need(problem, device_of: list[int], d: int) -> int:  # type: ignore[no-untyped-def]
+    """What m-cut's accounting says device ``d`` needs for the ops ``device_of`` puts there,
+    computed from scratch: its units' persistent bytes, and at each position of the canonical
+    order the bytes held while that op would run: every op's temp and output while it runs,
+    its output until its last reader, and a received copy from the first reader on ``d``
+    until the last reader of its producer's output."""
+    graph, cost = problem.graph, problem.cost
+    position = {op: p for p, op in enumerate(graph.topo)}
+    last = [max([position[graph.edge_dst[k]] for k in graph.out_edges[v]
+                 if not graph.edge_control[k]], default=position[v]) for v in range(len(graph))]
+    held = [0] * len(graph)
+    received: dict[tuple, tuple[int, int, int]] = {}  # message -> (first reader, last, bytes)
+    for p, v in enumerate(graph.topo):
+        if device_of[v] != d:
+            continue
+        held[p] += graph.temp_bytes[v] + graph.output_bytes[v]
+        for q in range(p + 1, last[v] + 1):
+            held[q] += graph.output_bytes[v]
+        for k in graph.in_edges[v]:
+            src = graph.edge_src[k]
+            if not graph.edge_control[k] and device_of[src] != d:
+                received.setdefault(cost.transfer_key(k, 0), (p, last[src], graph.edge_bytes[k]))
+    for first_reader, until, nbytes in received.values():
+        for q in range(first_reader, until + 1):
+            held[q] += nbytes
+    persistent = sum(graph.persistent_bytes[v] for v in range(len(graph)) if device_of[v] == d)
+    return persistent + max(held, default=0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(doc=dags(), count=st.integers(2, 4), memory=st.sampled_from([6000, 9000, 15000, 40000]))
+def test_cut_plans_fit_their_accounting_with_whole_units(doc: dict, count: int,
+                                                         memory: int) -> None:
+    """A unit goes where its first op is, with all its ops (a colocation group's, a forward
+    op's backward op): each device's whole share of the plan fits its budget under m-cut's
+    accounting, computed from scratch here; each device runs one stretch of the units'
+    first positions."""
+    from baechi.algorithms.base import Problem
+    from baechi.algorithms.cut import place_cut
+    from baechi.grouping import colocation_units
+
+    ops = doc["ops"]
+    for o in ops:
+        o["compute_us"] = max(o["compute_us"], 1.0)  # no zero-time op: one accounting
+    for i in range(len(ops) // 4):  # units that span the order, as forward/backward pairs do
+        ops[i]["colocation_group"] = ops[-1 - i]["colocation_group"] = f"pair{i}"
+    graph = load_graph(doc)
+    cluster = Cluster.parse(two_devices(count=count, memory=memory))
+    units = colocation_units(graph, cluster)
+    problem = Problem.of(graph, cluster, units)
+    try:
+        plan = place_cut(problem)
+    except InfeasiblePlacement:
+        return
+    for d in range(count):
+        assert _stretch_need(problem, plan.device_of, d) <= memory
+    firsts = sorted((min(graph.topo.index(v) for v in members), u)
+                    for u, members in enumerate(units.members))
+    devices = [plan.device_of[units.members[u][0]] for _, u in firsts]
+    assert devices == sorted(devices)
+    assert all(len({plan.device_of[v] for v in members}) == 1 for members in units.members)
+
+
 @settings(max_examples=100, deadline=None)
 @given(doc=dags(), count=st.integers(2, 4),
        memories=st.lists(st.sampled_from([4000, 6000, 9000, 15000]), min_size=2, max_size=4))
