@@ -45,11 +45,12 @@ def place_cut(problem: Problem) -> Assignment:
     under m-fill's accounting on a device of its own (:func:`_reach`): their persistent
     bytes, at each position where one of their ops runs its temp and output, outputs until
     their last reader, received copies from their first reader there until the last reader
-    of their tensor (without m-fill's zero-time rule: an instant op's inputs count while it
-    runs, so a stretch may hold a little less than m-fill would put there). Devices take
-    the stretches in cluster order (a device may take none); pinned units go to their pin,
-    and each device runs its ops in canonical order. The simulator then judges the plan:
-    it frees memory as time passes and sends copies as soon as their producer ends.
+    of their producer's output (without m-fill's zero-time rule: an instant op's inputs
+    count while it runs, so a stretch may hold a little less than m-fill would put there).
+    Devices take the stretches in cluster order (a device may take none); pinned units go
+    to their pin, and each device runs its ops in canonical order. The simulator then
+    judges the plan: it frees memory as time passes and sends copies as soon as their
+    producer ends.
 
     Where units span the order (a forward op and its backward op, a colocated variable and
     its reader), counting their later ops and the cuts between units rather than positions
@@ -63,10 +64,11 @@ def place_cut(problem: Problem) -> Assignment:
     Cost: one walk per start position and device kind, each as long as the stretch that
     fits, with a few array updates per op and, per unit, a look at the positions of the
     later ops taken so far (O(ops × stretch) steps), and a shortest path in O(devices ×
-    ops) array operations (on the 312 placements above, 1.7 times the time of counting
-    positions only). The walks are kept in ``problem.memo``: a memory retry (less memory for the
-    same problem) reads its stretches off them (gnmt_baechi at 90% of its peak on 4 PCIe
-    devices, named: 0.3 s instead of 3.4 s with a walk per retry and start).
+    ops) array operations: the 312 placements above, with a plan or not, took 1.7 times
+    the time of counting positions only. The walks are kept in ``problem.memo``: a memory
+    retry (less memory for the same problem) reads its stretches off them (gnmt_baechi at
+    90% of its peak on 4 PCIe devices, named: 0.3 s instead of 3.4 s with a walk per retry
+    and start, before units were taken whole).
 
     Raises
     ------
@@ -277,9 +279,10 @@ def _reach(problem: Problem, walks: _Walks, d: int, starts: list[int],
     when it ends for another reason): for the positions of ``starts`` and those where
     m-fill's stretches start (``i`` for the others, and where not even the unit at ``i``
     fits). Ops of units that start before ``i`` or are pinned elsewhere are not the
-    stretch's: they go to their unit's device; what they send is received like any copy. ``profiles``: the walks made on devices of ``d``'s kind (and
-    pin) so far, by start position; a walk is made again only for a higher limit than its
-    own that memory stopped.
+    stretch's: they go to their unit's device; what they send is received like any copy.
+    ``profiles``: the walks made on devices of ``d``'s kind (and pin) so far, by start
+    position; a walk is made again only for a higher limit than its own that memory
+    stopped.
     """
     units = problem.units
     n = len(problem.graph)
