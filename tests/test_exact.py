@@ -158,6 +158,36 @@ def test_relaxed_model_leaves_channels_out_and_claims_nothing() -> None:
     assert result.stats["optimal"] is False
 
 
+def test_relaxed_solves_leave_out_subsolvers_cp_sat_has() -> None:
+    """The relaxed solve runs CP-SAT without the first-solution subsolvers named in
+    ``RELAXED_IGNORED_SUBSOLVERS``, and those are subsolvers CP-SAT runs otherwise (it
+    ignores unknown names silently: a renamed one would make the setting a no-op)."""
+    from ortools.sat.python import cp_model
+
+    model = cp_model.CpModel()  # six jobs on one machine: presolve does not solve it alone
+    ends = [model.new_int_var(0, 100, f"end{i}") for i in range(6)]
+    model.add_no_overlap([model.new_interval_var(model.new_int_var(0, 100, f"start{i}"),
+                                                 3 + i, end, f"job{i}")
+                          for i, end in enumerate(ends)])
+    makespan = model.new_int_var(0, 100, "makespan")
+    model.add_max_equality(makespan, ends)
+    model.minimize(makespan)
+
+    def interleaved(relaxed: bool) -> set[str]:
+        solver = exact_module._solver(10, probing=True, relaxed=relaxed)
+        solver.parameters.log_search_progress = True
+        solver.parameters.log_to_stdout = False
+        lines: list[str] = []
+        solver.log_callback = lines.append
+        assert solver.solve(model) == cp_model.OPTIMAL
+        listed = next(line for line in lines if "interleaved subsolvers:" in line)
+        return set(listed.split("[", 1)[1].rstrip("]").split(", "))
+
+    ignored = set(exact_module.RELAXED_IGNORED_SUBSOLVERS)
+    assert ignored and ignored <= interleaved(False)
+    assert not ignored & interleaved(True)
+
+
 # ----------------------------------------------------------------- brute force
 @st.composite
 def tiny_requests(draw: st.DrawFn) -> tuple[dict, dict]:

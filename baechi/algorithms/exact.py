@@ -111,6 +111,25 @@ MAX_MEMORY_ENERGY = 2**56
 #: step 1.0008, none faster, 2 slower. More cores than 2 are unmeasured.
 WORKERS = 2
 
+#: CP-SAT subsolvers left out when ``exact`` solves its relaxed model (``Problem.relaxed``:
+#: what ``auto`` solves on a reduced graph, always from a hint). The violation local search
+#: and the feasibility pump look for a first solution, which the hint already is; on
+#: :data:`WORKERS` 2 they share the second worker with the large neighbourhood searches,
+#: which then get it alone. ``auto`` at ``time_limit_s`` 2 on the 204 memory-limited settings
+#: of bench/run.py (``python bench/compare.py --a
+#: 'baechi.algorithms.exact.RELAXED_IGNORED_SUBSOLVERS=[]'``): geomean 0.9986 (11 faster, 19
+#: slower by at most 2.8%), on PCIe 0.9968, and again on PCIe 0.9978 (10 faster, 5 slower by
+#: at most 1.1%); inceptionv3_training_layer, PCIe, suggested memory: 549.5 -> 518.4 and
+#: 547.5 -> 517.2 ms; resnet50_training_layer, PCIe, 30%: 626.7 -> 553.7 ms (at 50%: 431.6 ->
+#: 375.7). The relaxed solve alone at 1.2 s, three runs: inceptionv3_training_layer reduced
+#: (52 nodes, PCIe, 30%) 663.6 ms each time against 670-793 ms; bert_l-12_inference_operator
+#: reduced (29 nodes, PCIe, 50%) proved in 0.4 s against 0.8 s. Large neighbourhood search
+#: alone (``use_lns_only``) found as fast plans but cannot prove: on small reduced graphs it
+#: kept the time local search needed (resnet50_training_operator, NVLink, 75%: 613.5 -> 657.1
+#: ms; geomean 0.9994 over the 204 settings). Named ``exact`` and ``exact`` on the graph itself
+#: keep every subsolver (unmeasured without them).
+RELAXED_IGNORED_SUBSOLVERS: tuple[str, ...] = ("ls", "feasibility_pump")
+
 #: Relative differences below this are float noise (the simulator adds floats too).
 FLOAT_SLACK = 1e-9
 
@@ -206,14 +225,10 @@ def place_exact(problem: Problem) -> Assignment:
             "solver_status": "NOT_RUN", "bound_us": max(floor_us, request_floor_us)},
             "the deadline passed before the solver started: the hint's")
 
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.01, problem.time_limit_s
-                                                - (time.perf_counter() - began))
-    solver.parameters.num_workers = WORKERS
-    if n > PROBING_MAX_OPS or built.channel_intervals > PROBING_MAX_INTERVALS:
-        # probing in presolve took the whole time limit on 300-op models (no solution,
-        # not even the hint's); without it CP-SAT starts from the hint at once
-        solver.parameters.cp_model_probing_level = 0
+    solver = _solver(max(0.01, problem.time_limit_s - (time.perf_counter() - began)),
+                     probing=n <= PROBING_MAX_OPS
+                     and built.channel_intervals <= PROBING_MAX_INTERVALS,
+                     relaxed=problem.relaxed)
     collector = _Collector(built, problem.progress, solver.parameters.max_time_in_seconds)
     problem.progress("place", 0.0)
     status = solver.Solve(built.model, collector)
@@ -254,6 +269,22 @@ def place_exact(problem: Problem) -> Assignment:
     if hint is not None and hint_run is not None and _better(hint_run, run):
         return _finish(hint, hint_run, stats, "the hint plan replays faster than the solver's")
     return _finish(plan, run, stats, None)
+
+
+def _solver(limit_s: float, *, probing: bool, relaxed: bool) -> cp_model.CpSolver:
+    """CP-SAT for one solve: :data:`WORKERS` workers, stopping after ``limit_s`` seconds;
+    without probing in presolve unless ``probing`` (on 300-op models it took the whole time
+    limit, and CP-SAT returned no solution, not even the hint's; without it CP-SAT starts
+    from the hint at once); without :data:`RELAXED_IGNORED_SUBSOLVERS` on a ``relaxed``
+    model."""
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = limit_s
+    solver.parameters.num_workers = WORKERS
+    if not probing:
+        solver.parameters.cp_model_probing_level = 0
+    if relaxed:
+        solver.parameters.ignore_subsolvers.extend(RELAXED_IGNORED_SUBSOLVERS)
+    return solver
 
 
 class _Collector(cp_model.CpSolverSolutionCallback):
