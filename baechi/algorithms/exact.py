@@ -113,10 +113,10 @@ WORKERS = 2
 
 #: CP-SAT subsolvers left out when ``exact`` solves its relaxed model (``Problem.relaxed``:
 #: what ``auto`` solves on a reduced graph, always from a hint). The violation local search
-#: and the feasibility pump look for a first solution, which the hint already is; on
-#: :data:`WORKERS` 2 they share the second worker with the large neighbourhood searches,
-#: which then get it alone. ``auto`` at ``time_limit_s`` 2 on the 204 memory-limited settings
-#: of bench/run.py (``python bench/compare.py --a
+#: and the feasibility pump are built to reach feasible solutions, which the hint already
+#: gives; on :data:`WORKERS` 2 they share the second worker with the large neighbourhood
+#: searches, which then get it alone. ``auto`` at ``time_limit_s`` 2 on the 204
+#: memory-limited settings of bench/run.py (``python bench/compare.py --a
 #: 'baechi.algorithms.exact.RELAXED_IGNORED_SUBSOLVERS=[]'``): geomean 0.9986 (11 faster, 19
 #: slower by at most 2.8%), on PCIe 0.9968, and again on PCIe 0.9978 (10 faster, 5 slower by
 #: at most 1.1%); inceptionv3_training_layer, PCIe, suggested memory: 549.5 -> 518.4 and
