@@ -1,0 +1,222 @@
+"""``auto`` on clusters unlike ``bench/run.py``'s: does it hold up where nobody tuned it?
+
+Usage::
+
+    python bench/clusters.py [--shared ../shared] [--quick] [--from-csv]
+
+``bench/run.py`` and ``bench/memory_sweep.py`` place every graph on 4 identical devices with
+one channel each. This places the graphs that hold memory on the :data:`SHAPES` below, on both
+networks, with ``auto`` (``time_limit_s`` 2, as run.py) and with every named algorithm: the
+list schedulers (m-TOPO, m-ETF, m-SCT, m-fill, m-cut) with and without the pipeline, and
+``exact`` with the pipeline for 1 s (without it, ``exact`` solves the graph itself, which
+``auto`` does too), all with ``allow_single`` off. It reports ``auto`` against the fastest
+named plan per setting, lists the settings where ``auto``'s plan is slower, and the wall
+seconds of ``auto``'s requests against their time limit.
+
+Writes ``bench/clusters.csv`` and ``bench/fragments/clusters.md`` (first line: the command).
+``--from-csv`` places nothing: it renders the fragment again from ``bench/clusters.csv``,
+keeping the first line of the run that wrote it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from run import (  # noqa: E402  (bench/ is not a package)
+    ALGORITHMS,
+    AUTO_TIME_LIMIT_S,
+    EXACT_TIME_LIMIT_S,
+    NETWORKS,
+    geomean,
+    graphs_or_exit,
+    read_rows,
+    rewrite_fragment,
+    single_peak,
+    write_rows,
+)
+from speed import PCIE, timed  # noqa: E402
+
+
+class Shape(NamedTuple):
+    """A cluster shape: per device (speed, share of the graph's single-device peak as its
+    memory), and whether each device has one channel (``sequential``) or none."""
+
+    name: str
+    devices: tuple[tuple[float, float], ...]
+    mode: str = "sequential"
+
+
+#: The clusters placed here: two devices with room to spare, eight small ones, two
+#: generations mixed (the faster devices with more memory, as newer accelerators have), and
+#: three devices whose transfers do not queue.
+SHAPES = (
+    Shape("2 x 75%", ((1.0, 0.75),) * 2),
+    Shape("8 x 30%", ((1.0, 0.3),) * 8),
+    Shape("mixed 2 x (1.0, 80%) + 2 x (0.5, 50%)", ((1.0, 0.8),) * 2 + ((0.5, 0.5),) * 2),
+    Shape("3 x 50%, parallel transfers", ((1.0, 0.5),) * 3, "parallel"),
+)
+
+#: Relative excess over the best named plan above which ``auto``'s plan counts as slower.
+WORSE = 1e-3
+
+
+def cluster(shape: Shape, network: dict[str, Any], peak: int) -> dict[str, Any]:
+    """The request's cluster: ``shape`` for a graph whose single-device peak is ``peak``.
+
+    >>> cluster(SHAPES[3], {"latency_us": 10, "bandwidth_gbps": 150}, 1000)["devices"][2]
+    {'name': '/GPU:2', 'speed': 1.0, 'memory_bytes': 500}
+    """
+    return {"devices": [{"name": f"/GPU:{i}", "speed": speed, "memory_bytes": int(peak * share)}
+                        for i, (speed, share) in enumerate(shape.devices)],
+            "network": {**network, "mode": shape.mode}}
+
+
+def run_graph(path: Path) -> list[dict[str, Any]]:
+    """``auto`` and the fastest named plan on every shape and network (none for a graph that
+    holds no memory: a share of nothing limits nothing)."""
+    from baechi import InfeasiblePlacement, place
+
+    doc = json.loads(path.read_text())
+    peak = single_peak(doc)
+    if peak == 0:
+        return []
+    named_runs = [(a, p, {}) for a in ALGORITHMS for p in (True, False)]
+    named_runs.append(("exact", True, {"time_limit_s": EXACT_TIME_LIMIT_S}))
+    rows = []
+    for shape in SHAPES:
+        for network_name, network in NETWORKS.items():
+            request_cluster = cluster(shape, network, peak)
+            row: dict[str, Any] = {"group": path.parent.name, "graph": path.stem,
+                                   "ops": len(doc["ops"]), "shape": shape.name,
+                                   "network": network_name}
+            named: list[tuple[float, str]] = []
+            for algorithm, pipeline, extra in named_runs:
+                options = {"allow_single": False, "co_placement": pipeline, "fusion": pipeline,
+                           **extra}
+                with contextlib.suppress(InfeasiblePlacement):
+                    plan = place(doc, request_cluster, algorithm, options)
+                    assert plan.estimate is not None
+                    named.append((plan.estimate.step_time_us,
+                                  algorithm + ("" if pipeline else "/unreduced")))
+            if named:
+                row["named_us"], row["named"] = min(named)
+            tick = time.perf_counter()
+            try:
+                plan = place(doc, request_cluster, "auto", {"time_limit_s": AUTO_TIME_LIMIT_S})
+            except InfeasiblePlacement:
+                pass
+            else:
+                assert plan.estimate is not None
+                row["auto_us"] = plan.estimate.step_time_us
+            row["auto_seconds"] = time.perf_counter() - tick  # wall, validation included
+            rows.append(row)
+    return rows
+
+
+def _number(value: Any) -> float | None:
+    return None if value in (None, "") else float(value)
+
+
+def machine_seconds(shared: str) -> float:
+    """Median seconds m-ETF takes to place gnmt_baechi on 4 PCIe devices of 768 MiB: the
+    row BENCHMARKS.md compares machines by (``auto``'s plans depend on the work that fits in
+    its time limit)."""
+    from baechi import load_graph, place
+
+    graph = load_graph(Path(shared) / "graphs" / "baechi" / "gnmt_baechi.json")
+    cluster_768 = {"devices": {"count": 4, "memory_bytes": "768MiB"}, "network": PCIE}
+    return timed(lambda: place(graph, cluster_768, "m-etf"))[0]
+
+
+def markdown(rows: list[dict[str, Any]], command: str, elapsed: float,
+             machine_s: float = 0.0) -> str:
+    """The fragment: per shape and network, auto against the named plans; the exceptions."""
+    out = [f"<!-- generated by `{command}` in {elapsed:.0f} s, on a machine where m-ETF places "
+           f"gnmt_baechi at 768 MiB in {machine_s:.2f} s -->",
+           "## auto on other clusters", "",
+           "The graphs that hold memory, placed on clusters unlike the 4 identical devices "
+           "above (memory as shares of the graph's single-device peak; speeds relative), "
+           f"`auto` with `time_limit_s` {AUTO_TIME_LIMIT_S:g} against the fastest named plan: "
+           "m-TOPO, m-ETF, m-SCT, m-fill, m-cut with and without the pipeline, `exact` with "
+           f"the pipeline and `time_limit_s` {EXACT_TIME_LIMIT_S:g}, all with `allow_single` "
+           "off. Geometric means over the settings where both have a plan; `worse` counts "
+           f"auto's plans slower than the best named one by more than {WORSE:.1%}; seconds "
+           "are wall-clock per request.", "",
+           "| cluster | network | settings | auto feasible | named feasible "
+           "| auto / best named | auto better (>0.1%) | worse | auto s (median) | auto s (max) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for shape in SHAPES:
+        for network in NETWORKS:
+            group = [r for r in rows if r["shape"] == shape.name and r["network"] == network]
+            both = [r for r in group if _number(r.get("auto_us")) is not None
+                    and _number(r.get("named_us")) is not None]
+            ratios = [float(r["auto_us"]) / float(r["named_us"]) for r in both]
+            seconds = [float(r["auto_seconds"]) for r in group]
+            out.append(
+                f"| {shape.name} | {network} | {len(group)} "
+                f"| {sum(_number(r.get('auto_us')) is not None for r in group)} "
+                f"| {sum(_number(r.get('named_us')) is not None for r in group)} "
+                f"| {geomean(ratios):.3f} | {sum(x < 1 - WORSE for x in ratios)} "
+                f"| {sum(x > 1 + WORSE for x in ratios)} "
+                f"| {statistics.median(seconds) if seconds else 0:.2f} "
+                f"| {max(seconds, default=0):.2f} |")
+    missing = [r for r in rows if _number(r.get("auto_us")) is None
+               and _number(r.get("named_us")) is not None]
+    worse = sorted((float(r["auto_us"]) / float(r["named_us"]), r) for r in rows
+                   if _number(r.get("auto_us")) is not None
+                   and _number(r.get("named_us")) is not None
+                   and float(r["auto_us"]) > float(r["named_us"]) * (1 + WORSE))
+    out += ["", f"Settings where a named algorithm found a plan and auto none: {len(missing)}."
+            f" Settings where auto's plan is slower than a named one: {len(worse)} of "
+            f"{len(rows)}" + (":" if worse else "."), ""]
+    if worse:
+        out += ["| graph | cluster | network | auto (ms) | best named (ms) | by |",
+                "|---|---|---|---|---|---|"]
+        out += [f"| {r['graph']} | {r['shape']} | {r['network']} "
+                f"| {float(r['auto_us']) / 1000:.1f} "
+                f"| {float(r['named_us']) / 1000:.1f} ({r['named']}) | {ratio - 1:.2%} |"
+                for ratio, r in reversed(worse)]
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shared", default=str(ROOT.parent / "shared"))
+    parser.add_argument("--quick", action="store_true", help="the few graphs of run.py --quick")
+    parser.add_argument("--from-csv", action="store_true",
+                        help="render the fragment again from bench/clusters.csv, placing "
+                             "nothing")
+    args = parser.parse_args()
+    fragment = ROOT / "bench" / "fragments" / "clusters.md"
+    if args.from_csv:
+        text = markdown(read_rows(ROOT / "bench" / "clusters.csv"), "", 0.0)
+        rewrite_fragment(fragment, text, "bench/clusters.csv")
+        return 0
+    paths = graphs_or_exit(args.shared, args.quick)
+    machine_s = machine_seconds(args.shared)
+    tick = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    for i, path in enumerate(paths):
+        rows.extend(run_graph(path))
+        print(f"[{i + 1}/{len(paths)}] {path.stem}", file=sys.stderr)
+    elapsed = time.perf_counter() - tick
+    command = "python bench/clusters.py" + (" --quick" if args.quick else "")
+    write_rows(rows, ROOT / "bench" / "clusters.csv")
+    fragment.write_text(markdown(rows, command, elapsed, machine_s))
+    print(f"wrote {fragment} and bench/clusters.csv in {elapsed:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
