@@ -179,7 +179,9 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float,
                    and float(r["auto_us"]) > float(r["named_us"]) * (1 + WORSE))
     out += ["", f"Settings where a named algorithm found a plan and auto none: {len(missing)}."
             f" Settings where auto's plan is slower than a named one: {len(worse)} of "
-            f"{len(rows)}" + (":" if worse else "."), ""]
+            f"{len(rows)}" + (" (one run of each per setting: `auto` and `exact` depend on "
+                              "how much work fits in their time, so a listed setting may not "
+                              "repeat):" if worse else "."), ""]
     if worse:
         out += ["| graph | cluster | network | auto (ms) | best named (ms) | by |",
                 "|---|---|---|---|---|---|"]
