@@ -23,7 +23,6 @@ against the current ``bench/results.csv``, keeping the first line of the run tha
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import sys
@@ -42,11 +41,9 @@ from run import (  # noqa: E402  (bench/ is not a package)
     NETWORKS,
     fraction_settings,
     geomean,
-    graphs_or_exit,
     read_rows,
-    rewrite_fragment,
     single_peak,
-    write_rows,
+    sweep_main,
 )
 
 #: Shares of the single-device peak placed here: between and around run.py's 30/50/75%.
@@ -174,30 +171,7 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shared", default=str(ROOT.parent / "shared"))
-    parser.add_argument("--quick", action="store_true", help="the few graphs of run.py --quick")
-    parser.add_argument("--from-csv", action="store_true",
-                        help="render the fragment again from bench/memory_sweep.csv, placing "
-                             "nothing")
-    args = parser.parse_args()
-    fragment = ROOT / "bench" / "fragments" / "memory_sweep.md"
-    if args.from_csv:
-        text = markdown(read_rows(ROOT / "bench" / "memory_sweep.csv"), "", 0.0)
-        rewrite_fragment(fragment, text, "bench/memory_sweep.csv")
-        return 0
-    paths = graphs_or_exit(args.shared, args.quick)
-    tick = time.perf_counter()
-    rows: list[dict[str, Any]] = []
-    for i, path in enumerate(paths):
-        rows.extend(run_graph(path))
-        print(f"[{i + 1}/{len(paths)}] {path.stem}", file=sys.stderr)
-    elapsed = time.perf_counter() - tick
-    command = "python bench/memory_sweep.py" + (" --quick" if args.quick else "")
-    write_rows(rows, ROOT / "bench" / "memory_sweep.csv")
-    fragment.write_text(markdown(rows, command, elapsed))
-    print(f"wrote {fragment} and bench/memory_sweep.csv in {elapsed:.0f} s")
-    return 0
+    return sweep_main("memory_sweep", __doc__, run_graph, markdown)
 
 
 if __name__ == "__main__":

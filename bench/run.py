@@ -26,7 +26,7 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -540,6 +540,38 @@ def rewrite_fragment(fragment: Path, text: str, source: str) -> None:
     header = fragment.read_text().splitlines()[0]
     fragment.write_text("\n".join([header, *text.splitlines()[1:]]) + "\n")
     print(f"wrote {fragment} from {source}")
+
+
+def sweep_main(name: str, doc: str, run_graph: Callable[[Path], list[dict[str, Any]]],
+               render: Callable[[list[dict[str, Any]], str, float], str]) -> int:
+    """The command line of a benchmark ``bench/{name}.py`` (``doc``: its module docstring)
+    that places each shared graph with ``run_graph`` and renders its rows as a fragment with
+    ``render(rows, command, seconds)``: ``--shared``, ``--quick`` (run.py's quick graphs)
+    and ``--from-csv`` (render again from ``bench/{name}.csv``, placing nothing, keeping the
+    fragment's first line). Writes ``bench/{name}.csv`` and ``bench/fragments/{name}.md``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--shared", default=str(ROOT.parent / "shared"))
+    parser.add_argument("--quick", action="store_true", help="the few graphs of run.py --quick")
+    parser.add_argument("--from-csv", action="store_true",
+                        help=f"render the fragment again from bench/{name}.csv, placing nothing")
+    args = parser.parse_args()
+    table = ROOT / "bench" / f"{name}.csv"
+    fragment = ROOT / "bench" / "fragments" / f"{name}.md"
+    if args.from_csv:
+        rewrite_fragment(fragment, render(read_rows(table), "", 0.0), f"bench/{name}.csv")
+        return 0
+    paths = graphs_or_exit(args.shared, args.quick)
+    tick = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    for i, path in enumerate(paths):
+        rows.extend(run_graph(path))
+        print(f"[{i + 1}/{len(paths)}] {path.stem}", file=sys.stderr)
+    elapsed = time.perf_counter() - tick
+    command = f"python bench/{name}.py" + (" --quick" if args.quick else "")
+    write_rows(rows, table)
+    fragment.write_text(render(rows, command, elapsed))
+    print(f"wrote {fragment} and bench/{name}.csv in {elapsed:.0f} s")
+    return 0
 
 
 def reassemble(output: Path) -> int:
