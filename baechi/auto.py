@@ -296,6 +296,12 @@ SPREAD_EARLY_SHARE = 0.5
 #: The note of a candidate that found no plan within memory.
 NO_FIT = "no plan within memory"
 
+#: Added to :data:`NO_FIT` when the candidate's share of the time had run out as it stopped:
+#: its memory retries stop there, so with more time it may find a plan (gnmt_baechi on two
+#: devices of 80% and two of 50% of its peak at half the speed, NVLink, 2 s: m-SCT unreduced
+#: stopped after 0.34 s; alone it fits in 0.54 s with one retry).
+SHARE_RAN_OUT = "its share of the time ran out"
+
 #: The note of a memory-blind repair start whose algorithm placed nothing: no plan (one
 #: device cannot run every op), or the start's share of the time ran out first.
 NOT_PLACED = "not placed (no plan, or its share of the time ran out)"
@@ -507,6 +513,7 @@ def place_auto(request: Request) -> Outcome:
             seconds=time.perf_counter() - tick,
             note="; ".join(
                 ([] if run.error is None else [NO_FIT])
+                + ([SHARE_RAN_OUT] if run.error is not None and share.expired() else [])
                 + ([_relaxed_note(request)] if _relaxed(request, entry) else []))))
         if run.simulation is not None and (best is None or _faster(run, best)):
             best = run

@@ -409,3 +409,18 @@ def test_when_m_etfs_plan_overshoots_its_blind_repair_runs_before_the_costlier_e
     repaired = ran[5].step_time_us
     assert repaired is not None and repaired < fill
     assert plan.estimate.memory_ok and plan.estimate.step_time_us <= repaired
+
+
+def test_a_candidate_whose_time_ran_out_says_so() -> None:
+    """layered_s0_n20_ccr0.1_d3_m50: m-ETF's plan overshoots memory and its retry with less
+    memory fits. With the time gone before that retry, m-ETF's note in ``auto`` says that its
+    share of the time ran out as well as that it found no plan within memory; m-fill, a last
+    resort, still places the graph."""
+    case = next(c for c in small_cases(seeds=1, ops=(20,), memory=True)
+                if c.name == "layered_s0_n20_ccr0.1_d3_m50")
+    assert place(case.graph, case.cluster, "m-etf").stats.memory_retries == 1
+    plan = place(case.graph, case.cluster, "auto", {"time_limit_s": 1e-6})
+    first = plan.stats.candidates[0]
+    assert (first.algorithm, first.step_time_us) == ("m-etf", None)
+    assert first.note == f"{auto.NO_FIT}; {auto.SHARE_RAN_OUT}"
+    assert plan.stats.deadline_reached and plan.estimate.memory_ok
