@@ -41,6 +41,7 @@ from run import (  # noqa: E402  (bench/ is not a package)
     EXACT_TIME_LIMIT_S,
     NETWORKS,
     geomean,
+    number,
     single_peak,
     sweep_main,
 )
@@ -124,8 +125,10 @@ def run_graph(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _number(value: Any) -> float | None:
-    return None if value in (None, "") else float(value)
+def _ratio(row: dict[str, Any]) -> float | None:
+    """``auto``'s step over the best named one's; ``None`` unless both found a plan."""
+    auto, named = number(row.get("auto_us")), number(row.get("named_us"))
+    return None if auto is None or named is None else auto / named
 
 
 @functools.cache
@@ -160,24 +163,20 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
     for shape in SHAPES:
         for network in NETWORKS:
             group = [r for r in rows if r["shape"] == shape.name and r["network"] == network]
-            both = [r for r in group if _number(r.get("auto_us")) is not None
-                    and _number(r.get("named_us")) is not None]
-            ratios = [float(r["auto_us"]) / float(r["named_us"]) for r in both]
+            ratios = [x for r in group if (x := _ratio(r)) is not None]
             seconds = [float(r["auto_seconds"]) for r in group]
             out.append(
                 f"| {shape.name} | {network} | {len(group)} "
-                f"| {sum(_number(r.get('auto_us')) is not None for r in group)} "
-                f"| {sum(_number(r.get('named_us')) is not None for r in group)} "
+                f"| {sum(number(r.get('auto_us')) is not None for r in group)} "
+                f"| {sum(number(r.get('named_us')) is not None for r in group)} "
                 f"| {geomean(ratios):.3f} | {sum(x < 1 - WORSE for x in ratios)} "
                 f"| {sum(x > 1 + WORSE for x in ratios)} "
                 f"| {statistics.median(seconds) if seconds else 0:.2f} "
                 f"| {max(seconds, default=0):.2f} |")
-    missing = [r for r in rows if _number(r.get("auto_us")) is None
-               and _number(r.get("named_us")) is not None]
-    worse = sorted((float(r["auto_us"]) / float(r["named_us"]), r) for r in rows
-                   if _number(r.get("auto_us")) is not None
-                   and _number(r.get("named_us")) is not None
-                   and float(r["auto_us"]) > float(r["named_us"]) * (1 + WORSE))
+    missing = [r for r in rows if number(r.get("auto_us")) is None
+               and number(r.get("named_us")) is not None]
+    worse = sorted(((x, r) for r in rows if (x := _ratio(r)) is not None and x > 1 + WORSE),
+                   key=lambda item: item[0], reverse=True)
     out += ["", f"Settings where a named algorithm found a plan and auto none: {len(missing)}."
             f" Settings where auto's plan is slower than a named one: {len(worse)} of "
             f"{len(rows)}" + (" (one run of each per setting: `auto` and `exact` depend on "
@@ -189,7 +188,7 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
         out += [f"| {r['graph']} | {r['shape']} | {r['network']} "
                 f"| {float(r['auto_us']) / 1000:.1f} "
                 f"| {float(r['named_us']) / 1000:.1f} ({r['named']}) | {ratio - 1:.2%} |"
-                for ratio, r in reversed(worse)]
+                for ratio, r in worse]
     return "\n".join(out) + "\n"
 
 

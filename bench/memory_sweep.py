@@ -41,6 +41,7 @@ from run import (  # noqa: E402  (bench/ is not a package)
     NETWORKS,
     fraction_settings,
     geomean,
+    number,
     read_rows,
     single_peak,
     sweep_main,
@@ -90,10 +91,6 @@ def run_graph(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _number(value: Any) -> float | None:
-    return None if value in (None, "") else float(value)
-
-
 def slower_with_more_memory(rows: list[dict[str, Any]], results: list[dict[str, Any]]
                             ) -> list[tuple[float, str, str, int, float, float, int]]:
     """(excess, graph, network, memory, step, faster step, its memory) where ``auto``'s plan
@@ -101,7 +98,7 @@ def slower_with_more_memory(rows: list[dict[str, Any]], results: list[dict[str, 
     run.py's 4-device ones), worst first."""
     steps: dict[tuple[str, str, str], list[tuple[int, float]]] = {}
     for r in rows:
-        if _number(r.get("auto_us")) is not None:
+        if number(r.get("auto_us")) is not None:
             steps.setdefault((r["group"], r["graph"], r["network"]), []).append(
                 (int(r["memory_bytes"]), float(r["auto_us"])))
     for r in results:
@@ -140,23 +137,23 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
         for fraction in FRACTIONS:
             group = [r for r in rows if r["network"] == network
                      and r["memory"] == f"{fraction:.0%}"]
-            both = [r for r in group if _number(r.get("auto_us")) is not None
-                    and _number(r.get("named_us")) is not None]
+            both = [r for r in group if number(r.get("auto_us")) is not None
+                    and number(r.get("named_us")) is not None]
             ratios = [float(r["auto_us"]) / float(r["named_us"]) for r in both]
             seconds = sorted(float(r["auto_seconds"]) for r in group)
             out.append(
                 f"| {network} | {fraction:.0%} | {len(group)} "
-                f"| {sum(_number(r.get('auto_us')) is not None for r in group)} "
-                f"| {sum(_number(r.get('named_us')) is not None for r in group)} "
+                f"| {sum(number(r.get('auto_us')) is not None for r in group)} "
+                f"| {sum(number(r.get('named_us')) is not None for r in group)} "
                 f"| {geomean(ratios):.3f} | {sum(x < 0.999 for x in ratios)} "
                 f"| {sum(x > 1.0001 for x in ratios)} "
                 f"| {seconds[len(seconds) // 2] if seconds else 0:.2f} |")
-    missing = [r for r in rows if _number(r.get("auto_us")) is None
-               and _number(r.get("named_us")) is not None]
+    missing = [r for r in rows if number(r.get("auto_us")) is None
+               and number(r.get("named_us")) is not None]
     out += ["", f"Settings where a named algorithm found a plan and auto none: {len(missing)} "
             "(must be 0)."]
     found = slower_with_more_memory(rows, read_rows(ROOT / "bench" / "results.csv"))
-    total = sum(_number(r.get("auto_us")) is not None for r in rows)
+    total = sum(number(r.get("auto_us")) is not None for r in rows)
     out += ["", "### More memory, slower plan", "",
             f"Of auto's {total} plans here, {len(found)} are more than {SLOWER:.0%} slower than "
             "its plan of the same graph and network with less memory (this sweep's settings "

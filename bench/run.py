@@ -519,6 +519,15 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def number(value: Any) -> float | None:
+    """A CSV cell as a float; ``None`` where it is empty (a run that found no plan).
+
+    >>> number("1.5"), number(""), number(None)
+    (1.5, None, None)
+    """
+    return None if value in (None, "") else float(value)
+
+
 def chosen_label(chosen: Chosen) -> str:
     """``auto``'s choice as the tables show it: ``m-fill/unreduced + search``."""
     return (chosen.algorithm + ("" if chosen.pipeline else "/unreduced")
