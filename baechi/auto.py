@@ -512,8 +512,8 @@ def place_auto(request: Request) -> Outcome:
             algorithm=entry.algorithm, pipeline=run.pipeline, step_time_us=run.step_time_us,
             seconds=time.perf_counter() - tick,
             note="; ".join(
-                ([] if run.error is None else [NO_FIT])
-                + ([SHARE_RAN_OUT] if run.error is not None and share.expired() else [])
+                ([] if run.error is None else
+                 [NO_FIT, *([SHARE_RAN_OUT] if share.expired() else [])])
                 + ([_relaxed_note(request)] if _relaxed(request, entry) else []))))
         if run.simulation is not None and (best is None or _faster(run, best)):
             best = run

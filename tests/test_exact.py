@@ -160,8 +160,9 @@ def test_relaxed_model_leaves_channels_out_and_claims_nothing() -> None:
 
 def test_relaxed_solves_leave_out_subsolvers_cp_sat_has() -> None:
     """The relaxed solve runs CP-SAT without the subsolvers named in
-    ``RELAXED_IGNORED_SUBSOLVERS`` (built to reach feasible solutions), and those are subsolvers CP-SAT runs otherwise (it
-    ignores unknown names silently: a renamed one would make the setting a no-op)."""
+    ``RELAXED_IGNORED_SUBSOLVERS`` (built to reach feasible solutions), and those are
+    subsolvers CP-SAT runs otherwise (it ignores unknown names silently: a renamed one would
+    make the setting a no-op)."""
     from ortools.sat.python import cp_model
 
     model = cp_model.CpModel()  # six jobs on one machine: presolve does not solve it alone
