@@ -89,6 +89,12 @@ PROMOTE_REPLAYS = 8
 #: then the order it booked), :data:`TAC_ROUNDS` and :data:`PROMOTE_REPLAYS`.
 MAX_REPLAYS = 2 + 2 * 2 + TAC_ROUNDS + PROMOTE_REPLAYS
 
+#: The candidate a ``quick`` pass tries (:func:`order_transfers`), the one that wins most
+#: often and by most: on a layered graph of 2,000 ops (4 devices, 1 byte per µs, CCR 0.3),
+#: m-SCT's plan goes from 12,454 µs (FIFO) to 11,753 with it and to 11,750 with every
+#: candidate, in 2 replays instead of 20 (135 ms).
+QUICK = "dispatch/latest-start"
+
 Kept = Literal["fifo", "model-aware"]
 
 
@@ -109,7 +115,7 @@ class OrderOutcome:
 def order_transfers(
     cost: CostModel, simulation: Simulation, deadline: float,
     mode: Literal["fifo", "model-aware"] = "model-aware",
-    proposed: list[list[TransferKey]] | None = None,
+    proposed: list[list[TransferKey]] | None = None, *, quick: bool = False,
 ) -> OrderOutcome:
     """The plan of ``simulation`` (a FIFO replay) with the fastest transfer order found.
 
@@ -126,6 +132,9 @@ def order_transfers(
     proposed : list of lists of message keys, optional
         A channel order for the same plan that the placer scheduled with (``exact``'s
         solution), tried first; kept like any candidate, only when strictly faster.
+    quick : bool
+        Try only :data:`QUICK` after ``proposed`` (two replays instead of up to
+        :data:`MAX_REPLAYS`): enough to rank several plans by what ordering gives them.
 
     Returns
     -------
@@ -144,7 +153,7 @@ def order_transfers(
         return OrderOutcome(simulation, "fifo", fifo_us,
                             "the deadline passed before transfers could be ordered")
     search = _Search(cost, simulation, deadline)
-    search.run(proposed)
+    search.run(proposed, quick)
     kept: Kept = "fifo" if search.best is simulation else "model-aware"
     return OrderOutcome(search.best, kept, fifo_us, search.note, search.tried)
 
@@ -167,7 +176,8 @@ class _Search:
         #: consumers of each message (ops only: the graph has no channel edges)
         self.consumers = [successors[n + j] for j in range(len(keys))]
 
-    def run(self, proposed: list[list[TransferKey]] | None = None) -> None:
+    def run(self, proposed: list[list[TransferKey]] | None = None, quick: bool = False
+            ) -> None:
         fifo = self.fifo
         if proposed is not None and not self._try("placer", lambda: proposed):
             return
@@ -175,6 +185,9 @@ class _Search:
         bottom = self._bottom_levels(fifo)
         step = fifo.estimate.step_time_us
         latest = {key: step - bottom[self.n + j] for j, key in enumerate(self.keys)}
+        if quick:
+            self._try(QUICK, lambda: self._dispatched(latest))
+            return
         issue = {key: fifo.end[key[0]] for key in self.keys}
         for name, value in (
             ("latest-start", latest),
@@ -182,7 +195,7 @@ class _Search:
         ):
             if not self._try(name, lambda value=value: _sorted(fifo, value, index)):
                 return
-        for name, value in (("dispatch/latest-start", latest),
+        for name, value in ((QUICK, latest),
                             ("dispatch/consumer-start", self._consumer_start(fifo))):
             if not self._try(name, lambda value=value: self._dispatched(value)):
                 return

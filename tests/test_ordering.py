@@ -18,6 +18,7 @@ from baechi import (
     Cluster,
     InfeasiblePlacement,
     InvalidPlan,
+    api,
     load_graph,
     place,
     simulate,
@@ -26,9 +27,10 @@ from baechi import (
 from baechi.cli import main
 from baechi.costmodel import CostModel
 from baechi.errors import InvalidRequest
-from baechi.ordering import order_transfers
+from baechi.ordering import QUICK, order_transfers
 from baechi.plan import Plan
 from baechi.simulate import (
+    Simulation,
     index_plan,
     plan_transfers,
     replay,
@@ -237,6 +239,21 @@ def test_no_replay_starts_after_the_deadline() -> None:
     assert "deadline" in (outcome.note or "")
 
 
+def test_quick_pass_tries_the_placers_order_and_one_candidate() -> None:
+    graph, plan = _latency_bound()
+    fifo, full = _outcome(graph, plan)
+    cost = CostModel(load_graph(graph), Cluster.parse(plan["request"]["cluster"]))
+    quick = order_transfers(cost, fifo, math.inf, quick=True)
+    assert set(quick.candidates) == {QUICK}
+    # here only the sorted candidates find the faster order (191 µs): the full pass
+    assert full.simulation.estimate.step_time_us < quick.simulation.estimate.step_time_us == \
+        fifo.estimate.step_time_us
+    placers = order_transfers(cost, fifo, math.inf, proposed=full.simulation.transfer_order,
+                              quick=True)
+    assert set(placers.candidates) == {"placer", QUICK}
+    assert placers.simulation.estimate == full.simulation.estimate
+
+
 # ---------------------------------------------------------------- through place and the CLI
 
 GAINS = layered(0, 12, 2.0)  # m-ETF on 2 devices: FIFO 117 µs, model-aware 107 µs
@@ -407,6 +424,34 @@ def test_every_placer_goes_through_the_post_pass(algorithm: str) -> None:
     assert plan.estimate.step_time_us <= stats.fifo_step_time_us
     assert (plan.transfer_order is not None) == (stats.transfer_order == "model-aware")
     assert simulate(GAINS, plan.model_dump(mode="json")) == plan.estimate
+
+
+def test_auto_orders_each_of_its_plans_quickly_then_the_fastest_fully(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` compares its candidates under FIFO channels; the post-pass gives every plan it
+    ran (each placement once) the quick pass, then the fastest once ordered the full pass,
+    and returns the fastest of all: never slower than a plan it ran, once ordered."""
+    passes: list[tuple[Simulation, bool]] = []
+
+    def recorded(cost, simulation, deadline, mode, proposed=None, *, quick=False):
+        passes.append((simulation, quick))
+        return order_transfers(cost, simulation, deadline, mode, proposed, quick=quick)
+
+    monkeypatch.setattr(api, "order_transfers", recorded)
+    doc = layered(1, 40, 3.0)
+    cluster = small_cluster(4, "sequential")
+    plan = place(doc, cluster, options={"time_limit_s": 2})
+    *quick, (last, last_quick) = passes
+    assert quick and all(q for _, q in quick) and not last_quick
+    placements = [(tuple(sim.device_of), *map(tuple, sim.orders)) for sim, _ in quick]
+    assert len(placements) == len(set(placements)) >= 2  # the plans it passed over too
+    assert any(sim is last for sim, _ in quick)
+    g, c = load_graph(doc), Cluster.parse(cluster)
+    cost = CostModel(g, c)
+    step = plan.estimate.step_time_us
+    for fifo, _ in quick:
+        ordered = order_transfers(cost, fifo, math.inf, quick=True).simulation
+        assert step <= ordered.estimate.step_time_us
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
