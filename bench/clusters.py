@@ -87,7 +87,7 @@ def run_graph(path: Path) -> list[dict[str, Any]]:
     holds no memory: a share of nothing limits nothing)."""
     from baechi import InfeasiblePlacement, place
 
-    machine_s = machine_seconds(next(p.parent for p in path.parents if p.name == "graphs"))
+    machine_s = machine_seconds()
     doc = json.loads(path.read_text())
     peak = single_peak(doc)
     if peak == 0:
@@ -132,13 +132,14 @@ def _ratio(row: dict[str, Any]) -> float | None:
 
 
 @functools.cache
-def machine_seconds(shared: Path) -> float:
-    """Median seconds m-ETF takes to place gnmt_baechi on 4 PCIe devices of 768 MiB: the
-    row BENCHMARKS.md compares machines by (``auto``'s plans depend on the work that fits in
-    its time limit). Measured once per run, before the first graph is placed."""
+def machine_seconds() -> float:
+    """Median seconds m-ETF takes to place gnmt_baechi (the bundled copy) on 4 PCIe devices
+    of 768 MiB: the row BENCHMARKS.md compares machines by (``auto``'s plans depend on the
+    work that fits in its time limit). Measured once per run, before the first graph is
+    placed."""
     from baechi import load_graph, place
 
-    graph = load_graph(shared / "graphs" / "baechi" / "gnmt_baechi.json")
+    graph = load_graph(ROOT / "examples" / "graphs" / "gnmt_baechi.json")
     cluster_768 = {"devices": {"count": 4, "memory_bytes": "768MiB"}, "network": PCIE}
     return timed(lambda: place(graph, cluster_768, "m-etf"))[0]
 
