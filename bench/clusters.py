@@ -125,10 +125,22 @@ def run_graph(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _ratio(row: dict[str, Any]) -> float | None:
-    """``auto``'s step over the best named one's; ``None`` unless both found a plan."""
-    auto, named = number(row.get("auto_us")), number(row.get("named_us"))
-    return None if auto is None or named is None else auto / named
+def ratio(row: dict[str, Any], key: str = "named_us") -> float | None:
+    """``auto``'s step over the step in ``key`` (the best named one's); ``None`` unless both
+    found a plan."""
+    auto, other = number(row.get("auto_us")), number(row.get(key))
+    return None if auto is None or other is None else auto / other
+
+
+def exceptions(rows: list[dict[str, Any]]) -> tuple[int, list[tuple[float, dict[str, Any]]]]:
+    """How many settings have a named plan and no plan of ``auto``, and the settings where
+    ``auto``'s plan is slower than the best named one by more than :data:`WORSE`, with that
+    ratio, slowest first."""
+    missing = sum(number(r.get("auto_us")) is None and number(r.get("named_us")) is not None
+                  for r in rows)
+    worse = sorted(((x, r) for r in rows if (x := ratio(r)) is not None and x > 1 + WORSE),
+                   key=lambda item: item[0], reverse=True)
+    return missing, worse
 
 
 @functools.cache
@@ -164,7 +176,7 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
     for shape in SHAPES:
         for network in NETWORKS:
             group = [r for r in rows if r["shape"] == shape.name and r["network"] == network]
-            ratios = [x for r in group if (x := _ratio(r)) is not None]
+            ratios = [x for r in group if (x := ratio(r)) is not None]
             seconds = [float(r["auto_seconds"]) for r in group]
             out.append(
                 f"| {shape.name} | {network} | {len(group)} "
@@ -174,11 +186,8 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
                 f"| {sum(x > 1 + WORSE for x in ratios)} "
                 f"| {statistics.median(seconds) if seconds else 0:.2f} "
                 f"| {max(seconds, default=0):.2f} |")
-    missing = [r for r in rows if number(r.get("auto_us")) is None
-               and number(r.get("named_us")) is not None]
-    worse = sorted(((x, r) for r in rows if (x := _ratio(r)) is not None and x > 1 + WORSE),
-                   key=lambda item: item[0], reverse=True)
-    out += ["", f"Settings where a named algorithm found a plan and auto none: {len(missing)}."
+    missing, worse = exceptions(rows)
+    out += ["", f"Settings where a named algorithm found a plan and auto none: {missing}."
             f" Settings where auto's plan is slower than a named one: {len(worse)} of "
             f"{len(rows)}" + (" (one run of each per setting: `auto` and `exact` depend on "
                               "how much work fits in their time, so a listed setting may not "
@@ -188,8 +197,8 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
                 "|---|---|---|---|---|---|"]
         out += [f"| {r['graph']} | {r['shape']} | {r['network']} "
                 f"| {float(r['auto_us']) / 1000:.1f} "
-                f"| {float(r['named_us']) / 1000:.1f} ({r['named']}) | {ratio - 1:.2%} |"
-                for ratio, r in worse]
+                f"| {float(r['named_us']) / 1000:.1f} ({r['named']}) | {x - 1:.2%} |"
+                for x, r in worse]
     return "\n".join(out) + "\n"
 
 

@@ -18,12 +18,11 @@ The graphs are seeded: every run places the same ones.
 
 Writes ``bench/generated.csv`` and ``bench/fragments/generated.md`` (first line: the
 command). ``--from-csv`` places nothing: it renders the fragment again from
-``bench/generated.csv``. ``--quick``: the two smaller sizes only.
+``bench/generated.csv``. ``--quick``: the two smaller sizes only. ``--shared`` is not read.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import statistics
@@ -36,17 +35,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from clusters import machine_seconds  # noqa: E402  (bench/ is not a package)
+from clusters import (  # noqa: E402  (bench/ is not a package)
+    WORSE,
+    exceptions,
+    machine_seconds,
+    ratio,
+)
 from run import (  # noqa: E402
     ALGORITHMS,
     AUTO_TIME_LIMIT_S,
     EXACT_TIME_LIMIT_S,
     geomean,
     number,
-    read_rows,
-    rewrite_fragment,
     single_peak,
-    write_rows,
+    sweep_main,
 )
 
 from baechi.testing import GENERATORS, with_memory  # noqa: E402
@@ -84,10 +86,6 @@ CLUSTERS = (
     Shape("8, parallel transfers", (1.0,) * 8, 0.3, "parallel"),
 )
 
-#: Relative excess over the best named plan above which ``auto``'s plan counts as slower.
-WORSE = 1e-3
-
-
 def cluster(shape: Shape, memory: int | None) -> dict[str, Any]:
     """The request's cluster for ``shape``, each device with ``memory`` bytes (or none).
 
@@ -106,11 +104,12 @@ def graphs(quick: bool) -> list[dict[str, Any]]:
             for ops in sizes for ccr in CCRS]
 
 
-def run_graph(doc: dict[str, Any], machine_s: float) -> list[dict[str, Any]]:
+def run_graph(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """``auto``, m-ETF and the fastest named plan on every cluster, memory unlimited and
     limited."""
     from baechi import InfeasiblePlacement, place
 
+    machine_s = machine_seconds()
     peak = single_peak(doc)
     named_runs = [(a, p) for a in (*ALGORITHMS, "exact") for p in (True, False)]
     rows = []
@@ -146,12 +145,6 @@ def run_graph(doc: dict[str, Any], machine_s: float) -> list[dict[str, Any]]:
     return rows
 
 
-def _ratio(row: dict[str, Any], key: str) -> float | None:
-    """``auto``'s step over the step in ``key``; ``None`` unless both have a plan."""
-    auto, other = number(row.get("auto_us")), number(row.get(key))
-    return None if auto is None or other is None else auto / other
-
-
 def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
     """The fragment: per cluster and memory, auto against the named plans; the exceptions."""
     machine_s = float(rows[0]["machine_s"]) if rows else math.nan
@@ -178,8 +171,8 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
     for shape in CLUSTERS:
         for memory in ("unlimited", f"{shape.memory_share:.0%}"):
             group = [r for r in rows if r["cluster"] == shape.name and r["memory"] == memory]
-            ratios = [x for r in group if (x := _ratio(r, "named_us")) is not None]
-            metf = [x for r in group if (x := _ratio(r, "metf_us")) is not None]
+            ratios = [x for r in group if (x := ratio(r)) is not None]
+            metf = [x for r in group if (x := ratio(r, "metf_us")) is not None]
             seconds = [float(r["auto_seconds"]) for r in group]
             out.append(
                 f"| {shape.name} | {memory} | {len(group)} "
@@ -189,12 +182,8 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
                 f"| {sum(x < 1 - WORSE for x in ratios)} | {sum(x > 1 + WORSE for x in ratios)} "
                 f"| {statistics.median(seconds) if seconds else 0:.2f} "
                 f"| {max(seconds, default=0):.2f} |")
-    missing = [r for r in rows if number(r.get("auto_us")) is None
-               and number(r.get("named_us")) is not None]
-    worse = sorted(((x, r) for r in rows
-                    if (x := _ratio(r, "named_us")) is not None and x > 1 + WORSE),
-                   key=lambda item: item[0], reverse=True)
-    out += ["", f"Settings where a named algorithm found a plan and auto none: {len(missing)}."
+    missing, worse = exceptions(rows)
+    out += ["", f"Settings where a named algorithm found a plan and auto none: {missing}."
             f" Settings where auto's plan is slower than a named one: {len(worse)} of "
             f"{len(rows)}" + (" (one run of each per setting):" if worse else "."), ""]
     if worse:
@@ -202,34 +191,12 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
                 "|---|---|---|---|---|---|"]
         out += [f"| {r['graph']} | {r['cluster']} | {r['memory']} "
                 f"| {float(r['auto_us']):.0f} | {float(r['named_us']):.0f} ({r['named']}) "
-                f"| {ratio - 1:.2%} |" for ratio, r in worse]
+                f"| {x - 1:.2%} |" for x, r in worse]
     return "\n".join(out) + "\n"
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the two smaller sizes only")
-    parser.add_argument("--from-csv", action="store_true",
-                        help="render the fragment again from bench/generated.csv, placing nothing")
-    args = parser.parse_args()
-    table = ROOT / "bench" / "generated.csv"
-    fragment = ROOT / "bench" / "fragments" / "generated.md"
-    if args.from_csv:
-        rewrite_fragment(fragment, markdown(read_rows(table), "", 0.0), "bench/generated.csv")
-        return 0
-    machine_s = machine_seconds()
-    tick = time.perf_counter()
-    rows: list[dict[str, Any]] = []
-    docs = graphs(args.quick)
-    for i, doc in enumerate(docs):
-        rows.extend(run_graph(doc, machine_s))
-        print(f"[{i + 1}/{len(docs)}] {doc['name']}", file=sys.stderr)
-    elapsed = time.perf_counter() - tick
-    command = "python bench/generated.py" + (" --quick" if args.quick else "")
-    write_rows(rows, table)
-    fragment.write_text(markdown(rows, command, elapsed))
-    print(f"wrote {fragment} and bench/generated.csv in {elapsed:.0f} s")
-    return 0
+    return sweep_main("generated", __doc__, run_graph, markdown, graphs)
 
 
 if __name__ == "__main__":

@@ -551,12 +551,14 @@ def rewrite_fragment(fragment: Path, text: str, source: str) -> None:
     print(f"wrote {fragment} from {source}")
 
 
-def sweep_main(name: str, doc: str, run_graph: Callable[[Path], list[dict[str, Any]]],
-               render: Callable[[list[dict[str, Any]], str, float], str]) -> int:
+def sweep_main(name: str, doc: str, run_graph: Callable[[Any], list[dict[str, Any]]],
+               render: Callable[[list[dict[str, Any]], str, float], str],
+               cases: Callable[[bool], list[dict[str, Any]]] | None = None) -> int:
     """The command line of a benchmark ``bench/{name}.py`` (``doc``: its module docstring)
-    that places each shared graph with ``run_graph`` and renders its rows as a fragment with
-    ``render(rows, command, seconds)``: ``--shared``, ``--quick`` (run.py's quick graphs)
-    and ``--from-csv`` (render again from ``bench/{name}.csv``, placing nothing, keeping the
+    that places each shared graph (or each graph document ``cases(quick)`` gives) with
+    ``run_graph`` and renders its rows as a fragment with ``render(rows, command,
+    seconds)``: ``--shared``, ``--quick`` (run.py's quick graphs, or ``cases``' own) and
+    ``--from-csv`` (render again from ``bench/{name}.csv``, placing nothing, keeping the
     fragment's first line). Writes ``bench/{name}.csv`` and ``bench/fragments/{name}.md``."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--shared", default=str(ROOT.parent / "shared"))
@@ -569,12 +571,13 @@ def sweep_main(name: str, doc: str, run_graph: Callable[[Path], list[dict[str, A
     if args.from_csv:
         rewrite_fragment(fragment, render(read_rows(table), "", 0.0), f"bench/{name}.csv")
         return 0
-    paths = graphs_or_exit(args.shared, args.quick)
+    items: list[Any] = cases(args.quick) if cases else graphs_or_exit(args.shared, args.quick)
     tick = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    for i, path in enumerate(paths):
-        rows.extend(run_graph(path))
-        print(f"[{i + 1}/{len(paths)}] {path.stem}", file=sys.stderr)
+    for i, item in enumerate(items):
+        rows.extend(run_graph(item))
+        label = item.stem if isinstance(item, Path) else item["name"]
+        print(f"[{i + 1}/{len(items)}] {label}", file=sys.stderr)
     elapsed = time.perf_counter() - tick
     command = f"python bench/{name}.py" + (" --quick" if args.quick else "")
     write_rows(rows, table)

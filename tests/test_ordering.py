@@ -7,6 +7,7 @@ import json
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import edge, graph_doc, op, plan_doc, two_devices
@@ -27,7 +28,7 @@ from baechi import (
 from baechi.cli import main
 from baechi.costmodel import CostModel
 from baechi.errors import InvalidRequest
-from baechi.ordering import QUICK, order_transfers
+from baechi.ordering import QUICK, OrderOutcome, order_transfers
 from baechi.plan import Plan
 from baechi.simulate import (
     Simulation,
@@ -433,7 +434,8 @@ def test_auto_orders_each_of_its_plans_quickly_then_the_fastest_fully(
     and returns the fastest of all: never slower than a plan it ran, once ordered."""
     passes: list[tuple[Simulation, bool]] = []
 
-    def recorded(cost, simulation, deadline, mode, proposed=None, *, quick=False):
+    def recorded(cost: CostModel, simulation: Simulation, deadline: float, mode: Any,
+                 proposed: Any = None, *, quick: bool = False) -> OrderOutcome:
         passes.append((simulation, quick))
         return order_transfers(cost, simulation, deadline, mode, proposed, quick=quick)
 
