@@ -168,7 +168,8 @@ def _order_transfers(request: Request, result: _Result, quick: bool = False) -> 
     # the placer's own channel order fits its own plan only
     proposed = run.transfer_order if result.simulation is run.simulation else None
     outcome = order_transfers(request.cost, result.simulation, request.end,
-                              request.options.transfer_order, proposed, quick=quick)
+                              mode=request.options.transfer_order, proposed=proposed,
+                              quick=quick)
     fields = {**result.fields, "transfer_order": outcome.kept,
               "fifo_step_time_us": outcome.fifo_step_time_us,
               "transfer_order_note": outcome.note}

@@ -113,9 +113,9 @@ class OrderOutcome:
 
 
 def order_transfers(
-    cost: CostModel, simulation: Simulation, deadline: float,
+    cost: CostModel, simulation: Simulation, deadline: float, *,
     mode: Literal["fifo", "model-aware"] = "model-aware",
-    proposed: list[list[TransferKey]] | None = None, *, quick: bool = False,
+    proposed: list[list[TransferKey]] | None = None, quick: bool = False,
 ) -> OrderOutcome:
     """The plan of ``simulation`` (a FIFO replay) with the fastest transfer order found.
 

@@ -434,9 +434,10 @@ def test_auto_orders_each_of_its_plans_quickly_then_fully_fastest_first(
     ordered first, and returns the fastest of all: never slower than a plan it ran, ordered."""
     passes: list[tuple[Simulation, bool, float]] = []
 
-    def recorded(cost: CostModel, simulation: Simulation, deadline: float, mode: Any,
-                 proposed: Any = None, *, quick: bool = False) -> OrderOutcome:
-        outcome = order_transfers(cost, simulation, deadline, mode, proposed, quick=quick)
+    def recorded(cost: CostModel, simulation: Simulation, deadline: float, *, mode: Any,
+                 proposed: Any = None, quick: bool = False) -> OrderOutcome:
+        outcome = order_transfers(cost, simulation, deadline, mode=mode, proposed=proposed,
+                                  quick=quick)
         passes.append((simulation, quick, outcome.simulation.estimate.step_time_us))
         return outcome
 
