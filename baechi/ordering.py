@@ -181,13 +181,13 @@ class _Search:
         fifo = self.fifo
         if proposed is not None and not self._try("placer", lambda: proposed):
             return
-        index = _booking_index(fifo)
         bottom = self._bottom_levels(fifo)
         step = fifo.estimate.step_time_us
         latest = {key: step - bottom[self.n + j] for j, key in enumerate(self.keys)}
         if quick:
             self._try(QUICK, lambda: self._dispatched(latest))
             return
+        index = _booking_index(fifo)
         issue = {key: fifo.end[key[0]] for key in self.keys}
         for name, value in (
             ("latest-start", latest),
