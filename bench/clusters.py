@@ -21,7 +21,6 @@ placed it (:func:`machine_seconds`).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import math
@@ -40,8 +39,12 @@ from run import (  # noqa: E402  (bench/ is not a package)
     AUTO_TIME_LIMIT_S,
     EXACT_TIME_LIMIT_S,
     NETWORKS,
+    fastest,
     geomean,
+    named_steps,
+    no_auto_plan,
     number,
+    ratio,
     single_peak,
     sweep_main,
 )
@@ -101,17 +104,7 @@ def run_graph(path: Path) -> list[dict[str, Any]]:
             row: dict[str, Any] = {"group": path.parent.name, "graph": path.stem,
                                    "ops": len(doc["ops"]), "shape": shape.name,
                                    "network": network_name, "machine_s": machine_s}
-            named: list[tuple[float, str]] = []
-            for algorithm, pipeline, extra in named_runs:
-                options = {"allow_single": False, "co_placement": pipeline, "fusion": pipeline,
-                           **extra}
-                with contextlib.suppress(InfeasiblePlacement):
-                    plan = place(doc, request_cluster, algorithm, options)
-                    assert plan.estimate is not None
-                    named.append((plan.estimate.step_time_us,
-                                  algorithm + ("" if pipeline else "/unreduced")))
-            if named:
-                row["named_us"], row["named"] = min(named)
+            row.update(fastest(named_steps(doc, request_cluster, named_runs)))
             tick = time.perf_counter()
             try:
                 plan = place(doc, request_cluster, "auto", {"time_limit_s": AUTO_TIME_LIMIT_S})
@@ -125,22 +118,27 @@ def run_graph(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def ratio(row: dict[str, Any], key: str = "named_us") -> float | None:
-    """``auto``'s step over the step in ``key`` (the best named one's); ``None`` unless both
-    found a plan."""
-    auto, other = number(row.get("auto_us")), number(row.get(key))
-    return None if auto is None or other is None else auto / other
-
-
 def exceptions(rows: list[dict[str, Any]]) -> tuple[int, list[tuple[float, dict[str, Any]]]]:
     """How many settings have a named plan and no plan of ``auto``, and the settings where
     ``auto``'s plan is slower than the best named one by more than :data:`WORSE`, with that
     ratio, slowest first."""
-    missing = sum(number(r.get("auto_us")) is None and number(r.get("named_us")) is not None
-                  for r in rows)
     worse = sorted(((x, r) for r in rows if (x := ratio(r)) is not None and x > 1 + WORSE),
                    key=lambda item: item[0], reverse=True)
-    return missing, worse
+    return no_auto_plan(rows), worse
+
+
+def summary_cells(group: list[dict[str, Any]]) -> list[str]:
+    """The cells of a fragment's row for ``group`` (rows of one cluster): settings, auto's
+    plans, the named plans, auto / best named, auto better and worse, auto's median and
+    longest seconds."""
+    ratios = [x for r in group if (x := ratio(r)) is not None]
+    seconds = [float(r["auto_seconds"]) for r in group]
+    return [str(len(group)), str(sum(number(r.get("auto_us")) is not None for r in group)),
+            str(sum(number(r.get("named_us")) is not None for r in group)),
+            f"{geomean(ratios):.3f}", str(sum(x < 1 - WORSE for x in ratios)),
+            str(sum(x > 1 + WORSE for x in ratios)),
+            f"{statistics.median(seconds) if seconds else 0:.2f}",
+            f"{max(seconds, default=0):.2f}"]
 
 
 @functools.cache
@@ -176,16 +174,7 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
     for shape in SHAPES:
         for network in NETWORKS:
             group = [r for r in rows if r["shape"] == shape.name and r["network"] == network]
-            ratios = [x for r in group if (x := ratio(r)) is not None]
-            seconds = [float(r["auto_seconds"]) for r in group]
-            out.append(
-                f"| {shape.name} | {network} | {len(group)} "
-                f"| {sum(number(r.get('auto_us')) is not None for r in group)} "
-                f"| {sum(number(r.get('named_us')) is not None for r in group)} "
-                f"| {geomean(ratios):.3f} | {sum(x < 1 - WORSE for x in ratios)} "
-                f"| {sum(x > 1 + WORSE for x in ratios)} "
-                f"| {statistics.median(seconds) if seconds else 0:.2f} "
-                f"| {max(seconds, default=0):.2f} |")
+            out.append(f"| {shape.name} | {network} | {' | '.join(summary_cells(group))} |")
     missing, worse = exceptions(rows)
     out += ["", f"Settings where a named algorithm found a plan and auto none: {missing}."
             f" Settings where auto's plan is slower than a named one: {len(worse)} of "

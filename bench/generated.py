@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -39,14 +38,16 @@ from clusters import (  # noqa: E402  (bench/ is not a package)
     WORSE,
     exceptions,
     machine_seconds,
-    ratio,
+    summary_cells,
 )
 from run import (  # noqa: E402
     ALGORITHMS,
     AUTO_TIME_LIMIT_S,
     EXACT_TIME_LIMIT_S,
+    fastest,
     geomean,
-    number,
+    named_steps,
+    ratio,
     single_peak,
     sweep_main,
 )
@@ -111,7 +112,8 @@ def run_graph(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
     machine_s = machine_seconds()
     peak = single_peak(doc)
-    named_runs = [(a, p) for a in (*ALGORITHMS, "exact") for p in (True, False)]
+    named_runs = [(a, p, {"time_limit_s": EXACT_TIME_LIMIT_S} if a == "exact" else {})
+                  for a in (*ALGORITHMS, "exact") for p in (True, False)]
     rows = []
     for shape in CLUSTERS:
         for memory in (None, int(peak * shape.memory_share)):
@@ -120,21 +122,10 @@ def run_graph(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 "graph": doc["name"], "ops": len(doc["ops"]), "cluster": shape.name,
                 "memory": "unlimited" if memory is None else f"{shape.memory_share:.0%}",
                 "machine_s": machine_s}
-            named: list[tuple[float, str]] = []
-            for algorithm, pipeline in named_runs:
-                options: dict[str, Any] = {"allow_single": False, "co_placement": pipeline,
-                                           "fusion": pipeline}
-                if algorithm == "exact":
-                    options["time_limit_s"] = EXACT_TIME_LIMIT_S
-                with contextlib.suppress(InfeasiblePlacement):
-                    plan = place(doc, request_cluster, algorithm, options)
-                    assert plan.estimate is not None
-                    label = algorithm + ("" if pipeline else "/unreduced")
-                    named.append((plan.estimate.step_time_us, label))
-                    if label == "m-etf":
-                        row["metf_us"] = plan.estimate.step_time_us
-            if named:
-                row["named_us"], row["named"] = min(named)
+            steps = named_steps(doc, request_cluster, named_runs)
+            row.update(fastest(steps))
+            if "m-etf" in steps:
+                row["metf_us"] = steps["m-etf"]
             tick = time.perf_counter()
             with contextlib.suppress(InfeasiblePlacement):
                 plan = place(doc, request_cluster, "auto", {"time_limit_s": AUTO_TIME_LIMIT_S})
@@ -171,17 +162,11 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
     for shape in CLUSTERS:
         for memory in ("unlimited", f"{shape.memory_share:.0%}"):
             group = [r for r in rows if r["cluster"] == shape.name and r["memory"] == memory]
-            ratios = [x for r in group if (x := ratio(r)) is not None]
+            cells = summary_cells(group)
+            # auto / m-etf goes before auto / best named
             metf = [x for r in group if (x := ratio(r, "metf_us")) is not None]
-            seconds = [float(r["auto_seconds"]) for r in group]
-            out.append(
-                f"| {shape.name} | {memory} | {len(group)} "
-                f"| {sum(number(r.get('auto_us')) is not None for r in group)} "
-                f"| {sum(number(r.get('named_us')) is not None for r in group)} "
-                f"| {geomean(metf):.3f} | {geomean(ratios):.3f} "
-                f"| {sum(x < 1 - WORSE for x in ratios)} | {sum(x > 1 + WORSE for x in ratios)} "
-                f"| {statistics.median(seconds) if seconds else 0:.2f} "
-                f"| {max(seconds, default=0):.2f} |")
+            cells.insert(3, f"{geomean(metf):.3f}")
+            out.append(f"| {shape.name} | {memory} | {' | '.join(cells)} |")
     missing, worse = exceptions(rows)
     out += ["", f"Settings where a named algorithm found a plan and auto none: {missing}."
             f" Settings where auto's plan is slower than a named one: {len(worse)} of "

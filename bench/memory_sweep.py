@@ -23,7 +23,6 @@ against the current ``bench/results.csv``, keeping the first line of the run tha
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import time
@@ -39,9 +38,13 @@ from run import (  # noqa: E402  (bench/ is not a package)
     AUTO_TIME_LIMIT_S,
     DEVICES,
     NETWORKS,
+    fastest,
     fraction_settings,
     geomean,
+    named_steps,
+    no_auto_plan,
     number,
+    ratio,
     read_rows,
     single_peak,
     sweep_main,
@@ -67,17 +70,8 @@ def run_graph(path: Path) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"group": path.parent.name, "graph": path.stem,
                                "ops": len(doc["ops"]), "network": setting.network,
                                "memory": setting.memory, "memory_bytes": setting.memory_bytes}
-        named: list[tuple[float, str]] = []
-        for algorithm in ALGORITHMS:
-            for pipeline in (True, False):
-                options = {"allow_single": False, "co_placement": pipeline, "fusion": pipeline}
-                with contextlib.suppress(InfeasiblePlacement):
-                    plan = place(doc, setting.cluster, algorithm, options)
-                    assert plan.estimate is not None
-                    named.append((plan.estimate.step_time_us,
-                                  algorithm + ("" if pipeline else "/unreduced")))
-        if named:
-            row["named_us"], row["named"] = min(named)
+        runs = [(a, p, {}) for a in ALGORITHMS for p in (True, False)]
+        row.update(fastest(named_steps(doc, setting.cluster, runs)))
         tick = time.perf_counter()
         try:
             plan = place(doc, setting.cluster, "auto", {"time_limit_s": AUTO_TIME_LIMIT_S})
@@ -137,9 +131,7 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
         for fraction in FRACTIONS:
             group = [r for r in rows if r["network"] == network
                      and r["memory"] == f"{fraction:.0%}"]
-            both = [r for r in group if number(r.get("auto_us")) is not None
-                    and number(r.get("named_us")) is not None]
-            ratios = [float(r["auto_us"]) / float(r["named_us"]) for r in both]
+            ratios = [x for r in group if (x := ratio(r)) is not None]
             seconds = sorted(float(r["auto_seconds"]) for r in group)
             out.append(
                 f"| {network} | {fraction:.0%} | {len(group)} "
@@ -148,10 +140,8 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
                 f"| {geomean(ratios):.3f} | {sum(x < 0.999 for x in ratios)} "
                 f"| {sum(x > 1.0001 for x in ratios)} "
                 f"| {seconds[len(seconds) // 2] if seconds else 0:.2f} |")
-    missing = [r for r in rows if number(r.get("auto_us")) is None
-               and number(r.get("named_us")) is not None]
-    out += ["", f"Settings where a named algorithm found a plan and auto none: {len(missing)} "
-            "(must be 0)."]
+    out += ["", "Settings where a named algorithm found a plan and auto none: "
+            f"{no_auto_plan(rows)} (must be 0)."]
     found = slower_with_more_memory(rows, read_rows(ROOT / "bench" / "results.csv"))
     total = sum(number(r.get("auto_us")) is not None for r in rows)
     out += ["", "### More memory, slower plan", "",

@@ -17,6 +17,7 @@ benchmarks leave in bench/fragments/, each a section), bench/results.csv and ben
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
@@ -526,6 +527,49 @@ def number(value: Any) -> float | None:
     (1.5, None, None)
     """
     return None if value in (None, "") else float(value)
+
+
+def ratio(row: dict[str, Any], key: str = "named_us") -> float | None:
+    """A sweep row's ``auto`` step over its step in ``key`` (the best named one's); ``None``
+    unless both found a plan.
+
+    >>> ratio({"auto_us": "90", "named_us": "100"}), ratio({"auto_us": "", "named_us": "1"})
+    (0.9, None)
+    """
+    auto, other = number(row.get("auto_us")), number(row.get(key))
+    return None if auto is None or other is None else auto / other
+
+
+def named_steps(doc: dict[str, Any], cluster: dict[str, Any],
+                runs: Iterable[tuple[str, bool, dict[str, Any]]]) -> dict[str, float]:
+    """Step time (µs) of each named run (algorithm, with the pipeline, more options) that
+    found a plan of ``doc`` on ``cluster``, by label (``m-etf``, ``m-etf/unreduced``), with
+    ``allow_single`` off: what the sweeps compare ``auto`` with."""
+    from baechi import InfeasiblePlacement, place
+
+    steps = {}
+    for algorithm, pipeline, extra in runs:
+        options = {"allow_single": False, "co_placement": pipeline, "fusion": pipeline, **extra}
+        with contextlib.suppress(InfeasiblePlacement):
+            plan = place(doc, cluster, algorithm, options)
+            assert plan.estimate is not None
+            steps[algorithm + ("" if pipeline else "/unreduced")] = plan.estimate.step_time_us
+    return steps
+
+
+def fastest(steps: dict[str, float]) -> dict[str, Any]:
+    """The row fields of the fastest of :func:`named_steps`: ``named_us`` and ``named`` (its
+    label); none when no run found a plan."""
+    if not steps:
+        return {}
+    step, label = min((step, label) for label, step in steps.items())
+    return {"named_us": step, "named": label}
+
+
+def no_auto_plan(rows: list[dict[str, Any]]) -> int:
+    """How many sweep rows have a named plan and no plan of ``auto``."""
+    return sum(number(r.get("auto_us")) is None and number(r.get("named_us")) is not None
+               for r in rows)
 
 
 def chosen_label(chosen: Chosen) -> str:
