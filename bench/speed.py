@@ -95,6 +95,15 @@ def main() -> None:
     row(f"m-etf unreduced, resnet50 training ×7 ({len(resnet_graph):,} ops, no memory limit)",
         seconds, f"{plan.estimate.step_time_us / 1000:.1f} ms")
 
+    from baechi.testing import GENERATORS
+
+    layered = baechi.load_graph(GENERATORS["layered"](7, 10_000, 0.3))
+    seconds, plan = timed(lambda: baechi.place(layered, {"devices": {"count": 4},
+                                                         "network": PCIE},
+                                               "m-etf", unreduced))
+    row(f"m-etf unreduced, baechi.testing's layered graph ({len(layered):,} ops, seed 7, "
+        "CCR 0.3, no memory limit)", seconds, f"{plan.estimate.step_time_us / 1000:.1f} ms")
+
     at_768 = {"devices": {"count": 4, "memory_bytes": "768MiB"}, "network": PCIE}
     seconds, plan = timed(lambda: baechi.place(graph, at_768, "m-etf"))
     row("gnmt_baechi at 768 MiB, m-etf", seconds, f"{plan.estimate.step_time_us / 1000:.1f} ms")

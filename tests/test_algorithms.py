@@ -13,8 +13,13 @@ from hypothesis import strategies as st
 
 from baechi import Cluster, InfeasiblePlacement, InvalidRequest, load_graph, place, simulate
 from baechi.algorithms import ALGORITHMS
+from baechi.algorithms.base import Problem
+from baechi.algorithms.etf import ListScheduler, place_etf, remaining_path
 from baechi.costmodel import CostModel
+from baechi.graph import Graph
+from baechi.grouping import colocation_units
 from baechi.simulate import single_device_run
+from baechi.testing import GENERATORS
 
 PLACERS = ["auto", *ALGORITHMS]  # the step-time objective's placers
 
@@ -102,6 +107,81 @@ def test_plans_respect_every_invariant(algorithm: str, doc: dict, cluster: dict,
                    for i, d in enumerate(parsed.devices))
         return
     check_plan(doc, cluster, plan)
+
+
+def etf_by_definition(graph: Graph, cluster: Cluster) -> tuple[list[int], list[list[int]]]:
+    """m-ETF without memory limits as its definition reads, with no heaps and no lazy keys:
+    at each step, of every ready op on every device it may go to (its unit's once placed),
+    the earliest start (the device free and every input there, the channels as they are
+    now), then the longest remaining path, the canonical order, the device; then its
+    messages are booked one after another and it runs."""
+    units = colocation_units(graph, cluster)
+    problem = Problem.of(graph, cluster, units)
+    cost, rank, topo = problem.cost, remaining_path(problem), graph.topo_position
+    n, devices = len(graph), len(cluster.devices)
+    device_of, end, done = [-1] * n, [0.0] * n, [False] * n
+    free, channel = [0.0] * devices, [0.0] * devices
+    sent: dict = {}
+    unit_device = list(units.pin)
+    orders: list[list[int]] = [[] for _ in range(devices)]
+
+    def arrival(k: int, d: int, book: bool) -> float:
+        src = graph.edge_src[k]
+        sd = device_of[src]
+        if sd == d:
+            return end[src]
+        key = cost.transfer_key(k, d)
+        if key in sent:
+            return sent[key]
+        begin = end[src]
+        if cost.sequential:
+            begin = max(begin, channel[sd], channel[d])
+        arrives = begin + cost.transfer_us(k, sd, d)
+        if book:
+            sent[key] = arrives
+            if cost.sequential:
+                channel[sd] = channel[d] = arrives
+        return arrives
+
+    for _ in range(n):
+        ready = [op for op in range(n) if not done[op]
+                 and all(done[graph.edge_src[k]] for k in graph.in_edges[op])]
+        _, _, _, d, op = min(
+            (max([free[d], *(arrival(k, d, False) for k in graph.in_edges[op])]),
+             -rank[op], topo[op], d, op)
+            for op in ready
+            for d in ([unit_device[units.unit_of[op]]] if unit_device[units.unit_of[op]] >= 0
+                      else problem.devices_for(units.unit_of[op])))
+        start = max([free[d], *(arrival(k, d, True) for k in graph.in_edges[op])])
+        unit_device[units.unit_of[op]] = device_of[op] = d
+        end[op] = free[d] = start + cost.op_us[d][op]
+        done[op] = True
+        orders[d].append(op)
+    return device_of, orders
+
+
+@settings(max_examples=80, deadline=None)
+@given(doc=dags(), cluster=clusters())
+def test_etf_chooses_as_its_definition(doc: dict, cluster: dict) -> None:
+    # the heaps, lazy re-keys and channel-bound entries choose what the definition chooses
+    cluster = {"devices": [{k: v for k, v in d.items() if k != "memory_bytes"}
+                           for d in cluster["devices"]], "network": cluster["network"]}
+    graph, parsed = load_graph(doc), Cluster.parse(cluster)
+    placed = place_etf(Problem.of(graph, parsed, colocation_units(graph, parsed)))
+    assert (placed.device_of, placed.orders) == etf_by_definition(graph, parsed)
+
+
+@pytest.mark.parametrize(("seed", "ops", "devices"), [(16, 20, 3), (2, 40, 2), (7, 300, 4)])
+def test_etf_follows_busy_channels_as_its_definition(seed: int, ops: int, devices: int) -> None:
+    # ready sinks wait for busy channels (layered graphs, PCIe): they go to the
+    # channel-bound heaps, which choose as the definition does; on the two small graphs,
+    # only while a message sent for another reader re-keys the ops that wait for it
+    graph = load_graph(GENERATORS["layered"](seed, ops, 0.3))
+    cluster = Cluster.uniform(devices, latency_us=134, bandwidth_gbps=5.7)
+    scheduler = ListScheduler(Problem.of(graph, cluster, colocation_units(graph, cluster)))
+    placed = scheduler.run()
+    assert scheduler.serials > 0  # the channel-bound heaps took entries
+    assert (placed.device_of, placed.orders) == etf_by_definition(graph, cluster)
 
 
 @settings(max_examples=60, deadline=None)
