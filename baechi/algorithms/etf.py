@@ -86,9 +86,9 @@ class ListScheduler:
     any, else the earliest of the waiting; the global choice is the best of the devices'
     bests (a :class:`Candidate`). Entries of ops committed elsewhere are dropped lazily. In
     sequential mode a waiting key is when the data could arrive with the channels as they
-    were: the chosen pair is re-keyed when they got busier since, and an op that waits for
-    the channels of one source device goes, once re-keyed, to ``bound`` (keyed by its
-    transfer, its arrival following the channels: :meth:`_channel_bound`).
+    were: the chosen pair is re-keyed when they got busier since; once re-keyed, an op that
+    waits for messages goes to ``bound``, under each device they come from, keyed by its
+    dearest message from there, its arrival following those channels (:meth:`_register`).
 
     The constructor builds the whole state (units, memory accounting, heaps, channel times);
     :meth:`run` schedules every op once, so a scheduler is used for one run.
@@ -135,18 +135,21 @@ class ListScheduler:
         self.levels: list[list[float]] = [[] for _ in range(n_dev)]
         self.available: list[list[Any]] = [[] for _ in range(n_dev)]
         self.waiting: list[list[Any]] = [[] for _ in range(n_dev)]
-        # sequential mode, per device and source device: the waiting ops whose data is
-        # ready when those channels free plus a fixed time (_channel_bound), keyed by that
-        # time, so that channels getting busier re-key none of them. On layered graphs of
-        # baechi.testing (4 PCIe devices, unreduced) ready sinks, outranked everywhere,
-        # were re-keyed at every step: 10,000 ops took 15 s (0.8 s in parallel mode), now
-        # 2.0 s, the same plans. An entry is current while ``bound_serial[op, d]`` is its
-        # serial; ``watchers`` lists it under the messages it waits for: sending one for
-        # another op may make its data ready sooner, so that re-keys it
+        # sequential mode, per device and source device: waiting ops keyed by the dearest
+        # of their messages from that source not sent yet (``T``), so that their data is
+        # ready no sooner than ``max(channel_free[source], channel_free[d]) + T``: a key
+        # that follows the channels, where a fixed key had to be renewed at every step. On
+        # layered graphs of baechi.testing (4 PCIe devices, unreduced) ready sinks, outranked
+        # everywhere, were re-keyed at every step: 10,000 ops took 15 s (0.8 s in parallel
+        # mode), now 1.0 s (40,000: 5.1 s), the same plans. An op's entries are current
+        # while ``bound_serial[op, d]`` holds their serial and how many are left;
+        # ``watchers`` lists them under their messages: sending one for another op makes
+        # the op's data ready sooner, so that renews its entries
         self.bound: list[dict[int, list[Any]]] = [{} for _ in range(n_dev)]
-        self.bound_serial: dict[tuple[int, int], int] = {}
+        self.bound_serial: dict[tuple[int, int], list[int]] = {}
         self.watchers: dict[tuple[Any, ...], list[tuple[int, int, int]]] = {}
         self.serials = 0
+        self.best_from: list[int] = [-1] * n_dev  # where _best took each device's best
         for unit, d in enumerate(self.unit_device):
             if d >= 0:  # pinned
                 self.live[d] += self.unit_persistent[unit]
@@ -208,7 +211,7 @@ class ListScheduler:
             if t > ready:
                 ready = t
         for other, dd, serial in rekey:  # their data may now be ready sooner
-            if self.bound_serial.get((other, dd)) == serial:
+            if self._current(other, dd, serial):
                 del self.bound_serial[other, dd]
                 if not self._stale(other, dd):
                     self._push(other, dd, self.data_ready(other, dd), rekeyed=True)
@@ -227,33 +230,23 @@ class ListScheduler:
 
     def _push(self, op: int, d: int, ready: float, rekeyed: bool = False) -> None:
         """Make ``op`` a candidate on ``d``, its data ready at ``ready`` (just computed);
-        ``rekeyed``: the channels made it later than it was keyed, so it may follow them
-        (:meth:`_channel_bound`)."""
+        ``rekeyed``: the channels made it later than it was keyed, so its keys may follow
+        them (:meth:`_register`)."""
         priority = (-self.rank[op], self.topo_index[op])
         if ready <= self.device_free[d]:
             heapq.heappush(self.available[d], (*priority, ready, op))
-            return
-        bound = self._channel_bound(op, d, ready) if rekeyed else None
-        if bound is None:
+        elif not (rekeyed and self._register(op, d)):
             heapq.heappush(self.waiting[d], (ready, *priority, op))
-            return
-        source, transfer_us, keys = bound
-        serial = self.serials = self.serials + 1
-        self.bound_serial[op, d] = serial
-        heapq.heappush(self.bound[d].setdefault(source, []),
-                       (transfer_us, *priority, op, serial))
-        for key in keys:
-            self.watchers.setdefault(key, []).append((op, d, serial))
 
-    def _channel_bound(self, op: int, d: int, ready: float
-                       ) -> tuple[int, float, list[tuple[Any, ...]]] | None:
-        """(source device, T, message keys) when ``op``'s data is ready on ``d`` when the
-        busier channel of ``d`` and the source device frees, plus ``T`` (the dearest of
-        its messages not sent yet, all from that source): ``ready`` then follows the
-        channels (``max(channel_free[source], channel_free[d]) + T``, exactly) until one of
-        those messages is sent for another op. ``None`` otherwise."""
+    def _register(self, op: int, d: int) -> bool:
+        """Key ``op`` on ``d`` by the channels it waits for: one entry per source device of
+        its messages to ``d`` not sent yet, keyed by the dearest of them (``T``). Each entry
+        bounds when its data can be ready from below, ``max(channel_free[source],
+        channel_free[d]) + T`` however busy the channels get, and the entry whose bound is
+        the data-ready time says so exactly. False when no message is pending."""
         g = self.graph
-        source, transfer_us, keys, latest = -1, 0.0, [], 0.0
+        pending: dict[int, float] = {}
+        keys = []
         for k in g.in_edges[op]:
             src = g.edge_src[k]
             sd = self.device_of[src]
@@ -262,25 +255,33 @@ class ListScheduler:
             key = self._key(k, d)
             if key in self.sent:
                 continue
-            if source not in (-1, sd):
-                return None
-            source = sd
-            transfer_us = max(transfer_us, self.cost.transfer_us(k, sd, d))
-            latest = max(latest, self.end[src])
+            pending[sd] = max(pending.get(sd, 0.0), self.cost.transfer_us(k, sd, d))
             keys.append(key)
-        if source < 0:
-            return None
-        channels = max(self.channel_free[source], self.channel_free[d])
-        if channels < latest or channels + transfer_us != ready:
-            return None
-        return source, transfer_us, keys
+        if not pending:
+            return False
+        serial = self.serials = self.serials + 1
+        self.bound_serial[op, d] = [serial, len(pending)]
+        priority = (-self.rank[op], self.topo_index[op])
+        for source, transfer_us in pending.items():
+            heapq.heappush(self.bound[d].setdefault(source, []),
+                           (transfer_us, *priority, op, serial))
+        for key in keys:
+            self.watchers.setdefault(key, []).append((op, d, serial))
+        return True
+
+    def _current(self, op: int, d: int, serial: int) -> bool:
+        """Whether an entry of ``op`` on ``d`` in ``bound`` with ``serial`` still counts."""
+        entries = self.bound_serial.get((op, d))
+        return entries is not None and entries[0] == serial
 
     def _stale(self, op: int, d: int) -> bool:
         unit_device = self.unit_device[self.units.unit_of[op]]
         return self.done[op] or (unit_device >= 0 and unit_device != d)
 
     def _best(self, d: int) -> Candidate | None:
-        """Device ``d``'s best candidate."""
+        """Device ``d``'s best candidate (its key a lower bound when it comes from
+        ``bound``); ``best_from[d]`` says which heap holds it (-2 ``available``, -1
+        ``waiting``, else the source device in ``bound``)."""
         available, waiting, free = self.available[d], self.waiting[d], self.device_free[d]
         while waiting and waiting[0][0] <= free:
             ready, neg_rank, topo, op = heapq.heappop(waiting)
@@ -288,14 +289,24 @@ class ListScheduler:
         for source, bound in self.bound[d].items():
             channels = max(self.channel_free[source], self.channel_free[d])
             while bound and channels + bound[0][0] <= free:
-                transfer_us, neg_rank, topo, op, serial = heapq.heappop(bound)
-                if self.bound_serial.get((op, d)) == serial:
+                _, neg_rank, topo, op, serial = heapq.heappop(bound)
+                if not self._current(op, d, serial) or self._stale(op, d):
+                    continue
+                # a bound by the device's free time: the data may still come later
+                entries = self.bound_serial[op, d]
+                ready = self.data_ready(op, d)
+                entries[1] -= 1
+                if ready <= free:
+                    del self.bound_serial[op, d]  # the op's other entries no longer count
+                    heapq.heappush(available, (neg_rank, topo, ready, op))
+                elif not entries[1]:  # the last entry: it waits keyed by its data-ready time
                     del self.bound_serial[op, d]
-                    heapq.heappush(available, (neg_rank, topo, channels + transfer_us, op))
+                    heapq.heappush(waiting, (ready, neg_rank, topo, op))
         while available and self._stale(available[0][3], d):
             heapq.heappop(available)
         if available:
             neg_rank, topo, _, op = available[0]
+            self.best_from[d] = -2
             return Candidate(self.device_free[d], neg_rank, topo, d, op)
         while waiting and self._stale(waiting[0][3], d):
             heapq.heappop(waiting)
@@ -303,10 +314,11 @@ class ListScheduler:
         if waiting:
             ready, neg_rank, topo, op = waiting[0]
             best = Candidate(ready, neg_rank, topo, d, op)
+            self.best_from[d] = -1
         for source, bound in self.bound[d].items():
             while bound:
                 _, _, _, op, serial = bound[0]
-                current = self.bound_serial.get((op, d)) == serial
+                current = self._current(op, d, serial)
                 if current and not self._stale(op, d):
                     break
                 heapq.heappop(bound)
@@ -317,23 +329,26 @@ class ListScheduler:
                 channels = max(self.channel_free[source], self.channel_free[d])
                 candidate = Candidate(channels + transfer_us, neg_rank, topo, d, op)
                 if best is None or candidate < best:
-                    best = candidate
+                    best, self.best_from[d] = candidate, source
         return best
 
-    def _drop(self, d: int, op: int) -> None:
-        """Remove ``op`` (the top candidate of device ``d``) from ``d``'s heaps."""
-        if self.available[d] and self.available[d][0][3] == op:
-            heapq.heappop(self.available[d])
-            return
-        if self.waiting[d] and self.waiting[d][0][3] == op:
-            heapq.heappop(self.waiting[d])
-            return
-        for bound in self.bound[d].values():
-            if bound and bound[0][3] == op:
-                heapq.heappop(bound)
-                del self.bound_serial[op, d]
-                return
-        raise AssertionError(f"op {op} is not a top candidate of device {d}")
+    def _drop(self, d: int, op: int, *, entry_only: bool = False) -> bool:
+        """Remove ``op`` (device ``d``'s best candidate, :meth:`_best`) from ``d``'s heaps;
+        with ``entry_only``, only the entry of ``bound`` it came from. Whether ``op`` is
+        still a candidate on ``d`` (another of its entries there still counts)."""
+        source = self.best_from[d]
+        heap = self.available[d] if source == -2 else self.waiting[d] if source == -1 else \
+            self.bound[d][source]
+        assert heap and heap[0][3] == op, "op is not the device's best candidate"
+        heapq.heappop(heap)
+        if source < 0:
+            return False
+        entries = self.bound_serial[op, d]
+        entries[1] -= 1
+        if entry_only and entries[1]:
+            return True
+        del self.bound_serial[op, d]
+        return False
 
     # ----------------------------------------------------------------- memory
     def _pending_peak(self, unit: int, besides: int = -1) -> int:
@@ -561,11 +576,15 @@ class ListScheduler:
                 # channels got busier since the op was offered: re-key it and choose again
                 ready = self.data_ready(op, d)
                 if max(ready, self.device_free[d]) > start:
-                    self._drop(d, op)
-                    # not for m-SCT: its favourite-child rule looks at each device's best as
-                    # the lazy heaps give it (a bound, re-keyed when chosen); exact keys
-                    # changed its plans (inceptionv3_training_layer, PCIe, unreduced)
-                    self._push(op, d, ready, rekeyed=self.favourite_child is None)
+                    # an entry of ``bound`` whose channels do not hold the op longest goes;
+                    # when it was the last, the op waits keyed by its data-ready time
+                    source = self.best_from[d]
+                    if not self._drop(d, op, entry_only=True):
+                        # not for m-SCT: its favourite-child rule looks at each device's
+                        # best as the lazy heaps give it; keys that follow the channels
+                        # changed its plans (inceptionv3_training_layer, PCIe, unreduced)
+                        self._push(op, d, ready, rekeyed=source < 0
+                                   and self.favourite_child is None)
                     tops[d] = self._best(d)
                     continue
             if self._fits(op, d, start, budget[d]):
