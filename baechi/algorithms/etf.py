@@ -560,15 +560,15 @@ class ListScheduler:
     ) -> tuple[float, int, int] | None:
         """The best (start, op, device) that fits in memory; ``None`` if none does."""
         no_favour: set[int] = set()
-        # each device's best; only the device whose heaps a step changed is asked again
-        # (the others' heaps, device and unit times stay as they are within one selection)
+        # each device's best, and what it runs (m-SCT's favourite child may come first);
+        # only the device whose heaps or favour a step changed is asked again (the others'
+        # heaps, device, channel and unit times stay as they are within one selection)
         tops = [self._best(d) for d in range(self.n_dev)]
+        picks = [self._pick(top, last_device, no_favour) for top in tops]
         while True:
-            bests = [b for b in tops if b is not None]
+            bests = [pick for pick in picks if pick is not None]
             if not bests:
                 return None
-            if self.favourite_child is not None:
-                bests = self._favour(bests, last_device, no_favour)
             choice = min(bests)
             start, d, op = choice.start, choice.device, choice.op
             is_top = op == tops[d].op  # type: ignore[union-attr]
@@ -586,35 +586,35 @@ class ListScheduler:
                         self._push(op, d, ready, rekeyed=source < 0
                                    and self.favourite_child is None)
                     tops[d] = self._best(d)
+                    picks[d] = self._pick(tops[d], last_device, no_favour)
                     continue
             if self._fits(op, d, start, budget[d]):
                 return start, op, d
             if not is_top:
                 no_favour.add(d)  # the favourite child does not fit: let the device choose
+                picks[d] = tops[d]
                 continue
             self._drop(d, op)
             self._block(op, d)
             tops[d] = self._best(d)
+            picks[d] = self._pick(tops[d], last_device, no_favour)
 
-    def _favour(
-        self, bests: list[Candidate], last_device: list[int], no_favour: set[int]
-    ) -> list[Candidate]:
-        """m-SCT: a device whose last op has a ready favourite child takes that child next,
-        unless an urgent op (ready everywhere now, i.e. at the device's free time) exists."""
-        favoured = []
-        for best in bests:
-            d, op = best.device, best.op
-            last = last_device[d]
-            child = self.favourite_child[last] if last >= 0 else -1  # type: ignore[index]
-            waits = d not in no_favour and child >= 0 and child != op and not self.done[child]
-            if waits and not self._urgent(best):
-                ready_here = self._candidate_start(child, d)
-                if ready_here is not None:
-                    favoured.append(Candidate(ready_here, -self.rank[child],
-                                              self.topo_index[child], d, child))
-                    continue
-            favoured.append(best)
-        return favoured
+    def _pick(self, best: Candidate | None, last_device: list[int], no_favour: set[int]
+              ) -> Candidate | None:
+        """What the device of ``best`` (its best candidate) runs next: ``best``, or for
+        m-SCT, when the device's last op has a ready favourite child, that child, unless
+        ``best`` is urgent (ready everywhere now, i.e. at the device's free time)."""
+        if best is None or self.favourite_child is None:
+            return best
+        d, op = best.device, best.op
+        last = last_device[d]
+        child = self.favourite_child[last] if last >= 0 else -1
+        waits = d not in no_favour and child >= 0 and child != op and not self.done[child]
+        if waits and not self._urgent(best):
+            ready_here = self._candidate_start(child, d)
+            if ready_here is not None:
+                return Candidate(ready_here, -self.rank[child], self.topo_index[child], d, child)
+        return best
 
     def _urgent(self, best: Candidate) -> bool:
         start, d, op = best.start, best.device, best.op
