@@ -78,7 +78,7 @@ def small_cluster(devices: int, mode: str = "parallel",
 def layered(seed: int, ops: int, ccr: float) -> dict[str, Any]:
     """A layered graph of ``ops`` ops (layers 1–4 wide), each op fed by 1–3 ops of the
     previous layer and now and then by one of the layer before that."""
-    rng = random.Random(f"layered/{seed}/{ops}/{ccr}")
+    rng = random.Random(f"layered/{seed}/{ops}/{float(ccr)}")
     layers: list[list[int]] = []
     left = ops
     while left:
@@ -99,7 +99,7 @@ def layered(seed: int, ops: int, ccr: float) -> dict[str, Any]:
 def fork_join(seed: int, ops: int, ccr: float) -> dict[str, Any]:
     """Stages of fork → 2–4 parallel branches (chains of 1–3 ops) → join, ``ops`` ops in all
     (the last stage is cut short to fit)."""
-    rng = random.Random(f"fork_join/{seed}/{ops}/{ccr}")
+    rng = random.Random(f"fork_join/{seed}/{ops}/{float(ccr)}")
     edges: list[tuple[int, int]] = []
     count = 1  # op 0 is the first fork
     fork = 0
@@ -125,7 +125,7 @@ def skip_connections(seed: int, ops: int, ccr: float) -> dict[str, Any]:
     """A chain of about two thirds of ``ops``, each chain op also feeding the op two or three
     steps ahead (skip connections) now and then; the other ops hang off the chain (a side
     op reads one chain op and feeds a later one)."""
-    rng = random.Random(f"skip_connections/{seed}/{ops}/{ccr}")
+    rng = random.Random(f"skip_connections/{seed}/{ops}/{float(ccr)}")
     chain_len = max(2, (2 * ops) // 3)
     chain = list(range(chain_len))
     edges = [(a, a + 1) for a in chain[:-1]]
