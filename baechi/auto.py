@@ -296,8 +296,9 @@ SPREAD_EARLY_SHARE = 0.5
 #: The note of a candidate that found no plan within memory.
 NO_FIT = "no plan within memory"
 
-#: Added to :data:`NO_FIT` when the candidate's share of the time had run out as it stopped:
-#: its memory retries stop there, so with more time it may find a plan (gnmt_baechi on two
+#: The note of a candidate stopped by its share of the time (the whole time, for the first),
+#: and added to :data:`NO_FIT` when the share had run out as it stopped: its memory retries
+#: stop there, so with more time it may find a plan (gnmt_baechi on two
 #: devices of 80% and two of 50% of its peak at half the speed, NVLink, 2 s: m-SCT unreduced
 #: stopped after 0.34 s; alone it fits in 0.54 s with one retry).
 SHARE_RAN_OUT = "its share of the time ran out"
@@ -473,7 +474,7 @@ def place_auto(request: Request) -> Outcome:
             spread()
 
     for i, entry in enumerate(entries):
-        # the first candidate always runs; past the deadline, only a last resort while
+        # the first candidate always starts; past the deadline, only a last resort while
         # there is no plan
         if runs and request.expired() and (best is not None or not entry.last_resort):
             deadline_reached = True
@@ -496,11 +497,12 @@ def place_auto(request: Request) -> Outcome:
                           _step_of(best)))
         report("auto", i / (len(entries) + 2))
         tick = time.perf_counter()
-        first = best is None and (not runs or entry.last_resort)
+        # the first candidate has the whole time; only a last resort finishes past it
+        last_resort = best is None and entry.last_resort
         fraction = EXACT_SHARE if entry.algorithm == "exact" else CANDIDATE_SHARE
-        share = request if first else dataclasses.replace(
+        share = request if last_resort or not runs else dataclasses.replace(
             request, deadline=time.perf_counter() + fraction * request.seconds_left())
-        run = _run_entry(share, entry, runs, first=first)
+        run = _run_entry(share, entry, runs, last_resort=last_resort)
         if run is None:
             continue
         runs.append(run)
@@ -512,7 +514,8 @@ def place_auto(request: Request) -> Outcome:
             algorithm=entry.algorithm, pipeline=run.pipeline, step_time_us=run.step_time_us,
             seconds=time.perf_counter() - tick,
             note="; ".join(
-                ([] if run.error is None else
+                ([] if run.error is None else [SHARE_RAN_OUT]
+                 if run.error.details.get("deadline_reached") else
                  [NO_FIT, *([SHARE_RAN_OUT] if share.expired() else [])])
                 + ([_relaxed_note(request)] if _relaxed(request, entry) else []))))
         if run.simulation is not None and (best is None or _faster(run, best)):
@@ -628,7 +631,7 @@ def place_auto(request: Request) -> Outcome:
                    others)
 
 
-def _run_entry(request: Request, entry: Entry, runs: list[Run], *, first: bool = False,
+def _run_entry(request: Request, entry: Entry, runs: list[Run], *, last_resort: bool = False,
                start: Simulation | None = None) -> Run | None:
     """Run one entry; ``None`` when it does not apply (too many nodes after reduction).
 
@@ -667,7 +670,7 @@ def _run_entry(request: Request, entry: Entry, runs: list[Run], *, first: bool =
         fitting = [r for r in same if r.simulation is not None and r.assignment is not None]
         if fitting:
             hint = min(fitting, key=lambda r: r.simulation.estimate.step_time_us).assignment
-    run = run_algorithm(request, entry.algorithm, options, hint=hint, first=first,
+    run = run_algorithm(request, entry.algorithm, options, hint=hint, last_resort=last_resort,
                         relaxed=entry.relaxed, cap_scale=entry.cap_scale)
     return dataclasses.replace(run, seconds=add_seconds(spent, run.seconds)) if spent else run
 

@@ -173,7 +173,7 @@ def add_seconds(total: dict[str, float], more: dict[str, float]) -> dict[str, fl
 
 def run_algorithm(
     request: Request, algorithm: str, options: Options, hint: Assignment | None = None,
-    *, first: bool = False, relaxed: bool = False, cap_scale: float = 1.0,
+    *, last_resort: bool = False, relaxed: bool = False, cap_scale: float = 1.0,
 ) -> Run:
     """Reduce, place with ``algorithm``, expand and replay; re-place with tighter budgets
     while the plan overshoots memory (at most :data:`MEMORY_RETRIES` times, none started
@@ -182,8 +182,8 @@ def run_algorithm(
     ``hint`` (an assignment of the same reduction) is passed as ``Problem.hint``, and
     ``relaxed`` as ``Problem.relaxed``; ``cap_scale`` scales the reduction's merge cap
     (:meth:`Request.reduction`). The placer stops at the deadline
-    (``Problem.deadline``), except the ``first`` run of a request, whose first placement
-    always completes so that a request has a plan to return.
+    (``Problem.deadline``), except a ``last_resort`` (m-fill, linear, while a request has no
+    plan), whose first placement always completes so that a request has a plan to return.
 
     Returns a :class:`Run` whose ``simulation`` fits every device, or whose ``error`` says
     by how much the last plan did not.
@@ -196,7 +196,7 @@ def run_algorithm(
     problem = Problem.of(
         reduction.graph, cluster, reduction.units, **same_graph,
         time_limit_s=_time_limit(request, options), progress=request.progress,
-        deadline=math.inf if first else request.deadline, relaxed=relaxed, **extra,
+        deadline=math.inf if last_resort else request.deadline, relaxed=relaxed, **extra,
     )
     place_fn = get_algorithm(algorithm)
     over_error: InfeasiblePlacement | None = None  # why the last plan was refused

@@ -2,9 +2,10 @@
 
 Usage: ``python bench/speed.py [--shared ../shared] [--out bench/fragments/speed.md]``;
 prints a Markdown section and writes it to ``--out`` (first line: the command). Measured:
-loading and reducing GNMT, rendering a 20k-op report, unreduced m-ETF on an 8.7k-op graph,
-m-ETF's first plan against ``auto``'s, the README's main job with ``auto``, and requests on
-10k- and 30k-op graphs under tight memory against their ``time_limit_s``.
+loading and reducing GNMT, rendering a 20k-op report, unreduced m-ETF on an 8.7k-op graph
+and on a 10k-op layered one, m-ETF's first plan against ``auto``'s, the README's main job
+with ``auto``, m-SCT on the 10k-op layered graph, and requests on 10k- and 30k-op graphs
+under tight memory against their ``time_limit_s``.
 """
 
 from __future__ import annotations
@@ -41,14 +42,19 @@ def timed(fn: Callable[[], Any], runs: int = 3) -> tuple[float, Any]:
     return statistics.median(seconds), result
 
 
-def answer(doc: dict[str, Any], memory: str, algorithm: str, limit: float) -> tuple[float, str]:
-    """Seconds a request takes and what it answered (step time or the error's start)."""
+def answer(doc: dict[str, Any] | baechi.Graph, memory: str | None, algorithm: str, limit: float,
+           options: dict[str, Any] | None = None) -> tuple[float, str]:
+    """Seconds a request takes and what it answered (step time or the error's start, and
+    whether the request fell back to m-fill at the deadline)."""
     cluster = {"devices": {"count": 4, "memory_bytes": memory}, "network": PCIE}
     tick = time.perf_counter()
     try:
-        plan = baechi.place(doc, cluster, algorithm, {"time_limit_s": limit})
+        plan = baechi.place(doc, cluster, algorithm, {"time_limit_s": limit, **(options or {})})
         assert plan.estimate is not None
         outcome = f"plan, {plan.estimate.step_time_us / 1000:.1f} ms"
+        fallback = plan.stats.fallback or ""
+        if "at the deadline" in fallback or "LP not solved" in fallback:
+            outcome += " (" + fallback.split(";")[-1].strip() + ")"
     except baechi.InfeasiblePlacement as exc:
         outcome = "InfeasiblePlacement: " + exc.message.split(";")[0][:70]
     return time.perf_counter() - tick, outcome
@@ -113,8 +119,13 @@ def main() -> None:
         f"{plan.estimate.step_time_us / 1000:.1f} ms; first plan (m-etf) "
         f"{first.step_time_us / 1000:.1f} ms after {first.seconds:.2f} s")
 
+    for limit in (10.0, 60.0):
+        seconds, outcome = answer(layered, None, "m-sct", limit, unreduced)
+        row(f"m-sct unreduced, the layered graph of 10,000 ops, time_limit_s {limit:g} (1 run)",
+            seconds, outcome)
     for copies, memory, limit in ((4, "600MiB", 10.0), (4, "1200MiB", 10.0),
-                                  (12, "1200MiB", 20.0)):
+                                  (4, "1200MiB", 2.0), (12, "1200MiB", 20.0),
+                                  (12, "1200MiB", 2.0)):
         doc = replicate(gnmt_doc, copies)
         for algorithm in ("m-etf", "m-sct", "auto"):
             seconds, outcome = answer(doc, memory, algorithm, limit)

@@ -133,14 +133,20 @@ def test_auto_stops_at_the_lower_bound() -> None:
     assert ran == ["m-etf", "single"]  # the rest skipped, no local search
 
 
-def test_past_the_deadline_auto_returns_its_first_plan() -> None:
-    """With no time left, only the first candidate runs (it always finishes) and the
-    single-device check; the plan says the deadline was reached."""
+def test_past_the_deadline_auto_returns_the_last_resorts_plan() -> None:
+    """With no time left, the first candidate starts and stops at once; m-fill, the last
+    resort (linear), always finishes and answers, then the single-device check; the plan
+    says the deadline was reached."""
     ops = [op(f"{c}{i}", 10, output_bytes=100) for c in "ab" for i in range(4)]
     edges = [edge(f"{c}{i}", f"{c}{i + 1}", 100) for c in "ab" for i in range(3)]
     plan = place(graph_doc(ops, edges), {"devices": {"count": 2}}, "auto",
                  {"time_limit_s": 1e-9})
-    assert [c.algorithm for c in plan.stats.candidates] == ["m-etf", "single"]
+    candidates = plan.stats.candidates
+    assert [(c.algorithm, c.pipeline) for c in candidates] == [
+        ("m-etf", True), ("m-fill", False), ("single", False)]
+    assert candidates[0].step_time_us is None
+    assert candidates[0].note == "its share of the time ran out"
+    assert plan.stats.chosen.algorithm == "m-fill"
     assert plan.stats.deadline_reached is True
     check_plan(graph_doc(ops, edges), {"devices": [{"name": f"/GPU:{i}"} for i in range(2)]},
                plan)
@@ -160,6 +166,28 @@ def test_list_schedulers_stop_when_the_deadline_has_passed(algorithm: str) -> No
     # without a deadline (the default) the same problem is placed
     assert len(ALGORITHMS[algorithm](Problem.of(graph, cluster, units)).device_of) == 600
     assert Problem.of(graph, cluster, units).deadline == math.inf
+
+
+@pytest.mark.parametrize("algorithm", ["m-etf", "m-sct", "exact"])
+def test_named_algorithms_stop_at_the_deadline(algorithm: str) -> None:
+    """A named algorithm still placing at the deadline stops (only the last resort, m-fill,
+    always finishes), so that the request answers by its deadline; with time it places."""
+    ops = [op(f"{c}{i}", 10, output_bytes=100) for c in "ab" for i in range(4)]
+    edges = [edge(f"{c}{i}", f"{c}{i + 1}", 100) for c in "ab" for i in range(3)]
+    doc, cluster = graph_doc(ops, edges), {"devices": {"count": 2}}
+    late = place(doc, cluster, algorithm, {"time_limit_s": 1e-9, "allow_single": False})
+    assert late.stats.deadline_reached is True
+    if algorithm == "exact":  # its warm start (m-fill's, m-ETF's stopped), not solved
+        assert late.stats.solver_status == "NOT_RUN"
+    else:
+        assert late.stats.fallback == (f"{algorithm} was still placing at the deadline "
+                                       "(time_limit_s 1e-09); placed with m-fill")
+    assert late.estimate.step_time_us == 80.0  # both chains on one device
+    with_time = place(doc, cluster, algorithm, {"allow_single": False})
+    assert with_time.stats.fallback is None and with_time.stats.deadline_reached is False
+    assert with_time.estimate.step_time_us == 40.0  # a chain per device
+    for plan in (late, with_time):
+        check_plan(doc, {"devices": [{"name": f"/GPU:{i}"} for i in range(2)]}, plan)
 
 
 def test_retries_stop_at_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -413,14 +441,15 @@ def test_when_m_etfs_plan_overshoots_its_blind_repair_runs_before_the_costlier_e
 
 def test_a_candidate_whose_time_ran_out_says_so() -> None:
     """layered_s0_n20_ccr0.1_d3_m50: m-ETF's plan overshoots memory and its retry with less
-    memory fits. With the time gone before that retry, m-ETF's note in ``auto`` says that its
-    share of the time ran out as well as that it found no plan within memory; m-fill, a last
-    resort, still places the graph."""
+    memory fits. With the time gone, m-ETF in ``auto`` stops at once and its note says that
+    its share of the time ran out (not that nothing fits); m-fill, a last resort, still places
+    the graph."""
     case = next(c for c in small_cases(seeds=1, ops=(20,), memory=True)
                 if c.name == "layered_s0_n20_ccr0.1_d3_m50")
     assert place(case.graph, case.cluster, "m-etf").stats.memory_retries == 1
     plan = place(case.graph, case.cluster, "auto", {"time_limit_s": 1e-6})
-    first = plan.stats.candidates[0]
+    first, fill = plan.stats.candidates[:2]
     assert (first.algorithm, first.step_time_us) == ("m-etf", None)
-    assert first.note == f"{auto.NO_FIT}; {auto.SHARE_RAN_OUT}"
+    assert first.note == auto.SHARE_RAN_OUT
+    assert fill.algorithm == "m-fill" and fill.step_time_us is not None
     assert plan.stats.deadline_reached and plan.estimate.memory_ok

@@ -13,7 +13,8 @@ from helpers import edge, graph_doc, op
 
 from baechi import Cluster, load_graph, place
 from baechi.algorithms.base import Problem
-from baechi.algorithms.sct import favourite_children
+from baechi.algorithms.etf import place_etf
+from baechi.algorithms.sct import favourite_children, place_sct
 from baechi.grouping import colocation_units
 
 
@@ -53,10 +54,38 @@ def test_chain_stays_on_one_device_under_sct() -> None:
 
 
 def test_lp_timeout_falls_back_to_etf_and_says_so() -> None:
-    doc = json.loads((DATA / "graphs" / "stg50_rand0000.json").read_text())
-    plan = place(doc, {"devices": {"count": 4}}, "m-sct",
-                 {"allow_single": False, "time_limit_s": 1e-9})
-    assert "placed with m-etf" in plan.stats.fallback
+    """An LP not solved within LP_SHARE of the time limit: m-ETF places (no deadline here,
+    so that it finishes; a request's deadline would stop it, as in test_auto)."""
+    graph = load_graph(json.loads((DATA / "graphs" / "stg50_rand0000.json").read_text()))
+    cluster = Cluster.uniform(4)
+    problem = Problem.of(graph, cluster, colocation_units(graph, cluster), time_limit_s=1e-9)
+    assignment = place_sct(problem)
+    assert "placed with m-etf" in assignment.stats["fallback"]
+    assert assignment.device_of == place_etf(Problem.of(
+        graph, cluster, colocation_units(graph, cluster))).device_of
+
+
+def test_memory_retries_solve_the_lp_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The LP does not depend on the memory budgets: a retry with tighter ones reuses the
+    favourite children (Problem.memo), and the plan carries the LP's figures."""
+    from baechi.algorithms import sct
+    from baechi.testing import GENERATORS, with_memory
+
+    solved = []
+
+    def counted(problem: Problem, time_limit_s: float | None = None):
+        solved.append(time_limit_s)
+        return favourite_children(problem, time_limit_s)
+
+    monkeypatch.setattr(sct, "favourite_children", counted)
+    doc = with_memory(GENERATORS["layered"](1, 40, 1.0))
+    peak = place(doc, {"devices": {"count": 1}}, "single").estimate.peak_memory_bytes["/GPU:0"]
+    plan = place(doc, {"devices": {"count": 3, "memory_bytes": int(0.4 * peak)}}, "m-sct",
+                 {"allow_single": False, "co_placement": False, "fusion": False})
+    assert plan.stats.memory_retries == 2 and plan.stats.fallback is None
+    assert plan.estimate.memory_ok and plan.stats.lp_variables > 0
+    # once, with its share of what was left of the default limit (60 s)
+    assert len(solved) == 1 and sct.LP_SHARE * 50 < solved[0] <= sct.LP_SHARE * 60
 
 
 def _stg_cases() -> list[tuple[str, int, float]]:
