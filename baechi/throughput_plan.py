@@ -4,22 +4,31 @@ model (``estimate.time_per_sample_us`` and ``estimate.device_load_us``).
 
 The reduction pipeline is not used: co-placement and fusion merge along edges to shorten one
 step, which is not what balances a pipeline, and the throughput placers already work on units.
+
+Memory is the throughput model's (persistent bytes plus the activations kept for the
+micro-batches in flight, :func:`baechi.throughput.throughput`). The throughput placers keep
+to it; a step-time placer does not know it, so its plan is checked: one that does not fit is
+replaced by :data:`THROUGHPUT_DEFAULT`'s (``stats.fallback`` says so), and when that finds none
+the request fails with :class:`~baechi.errors.InfeasiblePlacement`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from typing import Any
 
 from baechi.algorithms import get_algorithm
 from baechi.algorithms.base import Problem, Progress
 from baechi.cluster import Cluster
+from baechi.errors import InfeasiblePlacement
 from baechi.graph import Graph
 from baechi.grouping import colocation_units
 from baechi.options import Options
 from baechi.plan import GraphInfo, Plan, PlanRequest
 from baechi.simulate import replay
-from baechi.throughput import throughput
+from baechi.throughput import Throughput, throughput
 
 #: What ``auto`` (and the default algorithm) runs for the throughput objective.
 THROUGHPUT_DEFAULT = "throughput-cpsat"
@@ -33,12 +42,36 @@ def place_for_throughput(
     started = time.perf_counter()
     name = THROUGHPUT_DEFAULT if algorithm == "auto" else algorithm
     units = colocation_units(graph, cluster, options.forward_only)
+    deadline = started + options.time_limit_s
     problem = Problem.of(graph, cluster, units, time_limit_s=options.time_limit_s,
-                         progress=report)
+                         deadline=deadline, progress=report)
     report("place", 0.0)
-    assignment = get_algorithm(name, "throughput")(problem)
+    why = None  # why the named algorithm's plan is not the answer
+    try:
+        assignment = get_algorithm(name, "throughput")(problem)
+    except InfeasiblePlacement as exc:
+        if name == THROUGHPUT_DEFAULT or not exc.details.get("deadline_reached"):
+            raise
+        why = f"{name} was still placing at the deadline (time_limit_s {options.time_limit_s:g})"
+    else:
+        verdict = throughput(graph, cluster, assignment.device_of, problem.cost)
+        if not verdict.memory_ok:
+            why = f"{name}'s plan {_overshoot(cluster, verdict)}"
+    if why is not None:
+        # the default keeps to the memory rule; past the deadline it returns its warm start
+        rest = dataclasses.replace(problem, time_limit_s=deadline - time.perf_counter(),
+                                   deadline=math.inf)
+        try:
+            assignment = get_algorithm(THROUGHPUT_DEFAULT, "throughput")(rest)
+        except InfeasiblePlacement as exc:
+            raise InfeasiblePlacement(f"{why}; {exc.message}", exc.details) from None
+        verdict = throughput(graph, cluster, assignment.device_of, problem.cost)
+        assert verdict.memory_ok, "the throughput placers keep to the memory rule"
+        said = assignment.stats.get("fallback")
+        assignment.stats["fallback"] = f"{why}; placed with {THROUGHPUT_DEFAULT}" + (
+            f" ({said})" if said else "")
+        name = THROUGHPUT_DEFAULT
     simulation = replay(graph, cluster, assignment.device_of, assignment.orders, problem.cost)
-    verdict = throughput(graph, cluster, assignment.device_of, problem.cost)
     estimate = simulation.estimate.model_copy(update={
         "time_per_sample_us": verdict.time_per_sample_us,
         "device_load_us": verdict.loads_by_name(cluster),
@@ -63,6 +96,16 @@ def place_for_throughput(
         stats=stats,
         engine={"version": version},
     )
+
+
+def _overshoot(cluster: Cluster, verdict: Throughput) -> str:
+    """What a plan over memory needs on its most overfull device, in words."""
+    over, device, used = max(
+        (used - dev.memory_bytes, dev.name, used)
+        for dev, used in zip(cluster.devices, verdict.memory_bytes, strict=True)
+        if dev.memory_bytes is not None)
+    return (f"needs {used} bytes on {device!r} ({over} over its limit) with the activations "
+            "kept for the micro-batches in flight")
 
 
 __all__ = ["THROUGHPUT_DEFAULT", "place_for_throughput"]

@@ -218,6 +218,61 @@ def test_warm_start_dp_is_the_contiguous_optimum_on_chains(
     assert throughput(graph, HETERO, device_of).time_per_sample_us == pytest.approx(best)
 
 
+@pytest.mark.parametrize("blocks", [1, 3, 16, 10_000])
+def test_the_dp_cuts_at_most_cut_blocks_blocks(monkeypatch: pytest.MonkeyPatch,
+                                               blocks: int) -> None:
+    """Past CUT_BLOCKS segment starts, the DP cuts at some of them only (its tables are
+    blocks × blocks): its split stays contiguous, and with room for every start it is the
+    split of the DP over every start, whose load no coarser cut beats."""
+    from baechi.algorithms import throughput as module
+    from baechi.testing import GENERATORS
+
+    graph = load_graph(GENERATORS["layered"](3, 60, 1.0))
+    cluster = Cluster.uniform(3, latency_us=5, bandwidth_gbps=1)
+    problem = Problem.of(graph, cluster, colocation_units(graph, cluster))
+    allowed = [list(problem.devices_for(u)) for u in range(len(problem.units))]
+    order, starts = next(iter(module._unit_orders(problem)))
+    monkeypatch.setattr(module, "CUT_BLOCKS", blocks)
+    bounds = module._blocks(problem, order, starts)
+    assert bounds[0] == 0 and bounds[-1] == len(order) and bounds == sorted(set(bounds))
+    assert len(bounds) - 1 <= blocks and all(starts[b] for b in bounds)
+    split = module._linear_split(problem, allowed)
+    assert split is not None
+    device_of = [split[problem.units.unit_of[op]] for op in range(len(graph))]
+    assert _contiguous(graph, device_of, 3)
+    monkeypatch.setattr(module, "CUT_BLOCKS", 10_000)
+    finest = module._linear_split(problem, allowed)
+    assert finest is not None
+    if blocks >= sum(starts):
+        assert split == finest
+    load = throughput(graph, cluster, device_of).time_per_sample_us
+    assert throughput(graph, cluster, [finest[problem.units.unit_of[op]] for op in range(
+        len(graph))]).time_per_sample_us <= load
+
+
+def test_a_model_not_built_in_time_gives_the_warm_start() -> None:
+    """Building the CP-SAT model of 10,000 units took longer than the whole limit: past the
+    limit the solve answers with the DP's split, and says so."""
+    from baechi.algorithms import throughput as module
+    from baechi.testing import GENERATORS
+
+    graph = load_graph(GENERATORS["layered"](3, 200, 1.0))
+    cluster = Cluster.uniform(4, latency_us=5, bandwidth_gbps=1)
+    problem = Problem.of(graph, cluster, colocation_units(graph, cluster))
+    allowed = [list(problem.devices_for(u)) for u in range(len(problem.units))]
+    for contiguous in (True, False):
+        plan = module._solve(problem, contiguous, time_limit_s=0.0, hint=None)
+        assert plan.stats["fallback"] == ("the CP-SAT model was not built within 0 s: the warm "
+                                          "start's split")
+        assert plan.stats["optimal"] is False and "memory_ok" not in plan.stats
+        split = module._linear_split(problem, allowed)
+        assert split is not None
+        assert plan.device_of == [split[problem.units.unit_of[op]] for op in range(len(graph))]
+    with_time = module._solve(problem, True, time_limit_s=10.0, hint=None)
+    assert "fallback" not in with_time.stats
+    assert with_time.stats["time_per_sample_us"] <= plan.stats["time_per_sample_us"]
+
+
 def test_objective_in_the_plan(tmp_path: Path) -> None:
     g = {"format": "baechi.graph/v1",
          "ops": [{"name": n, "compute_us": 10} for n in "abcd"],
@@ -238,6 +293,30 @@ def test_objective_in_the_plan(tmp_path: Path) -> None:
         place(g, {"devices": {"count": 2}}, "throughput-cpsat")
     with pytest.raises(InvalidRequest, match="objective: unknown objective 'speed'"):
         place(g, {"devices": {"count": 2}}, objective="speed")
+
+
+def test_a_step_time_plan_over_the_pipelines_memory_gives_way() -> None:
+    """m-ETF knows one step's memory, not the activations a pipeline keeps for micro-batches
+    in flight: its plan here overshoots them (a random request found it returned as it was),
+    so throughput-cpsat places and ``stats.fallback`` says why; with less memory, none fits
+    and the request fails naming the device."""
+    from baechi import InfeasiblePlacement
+    from baechi.testing import GENERATORS, with_memory
+
+    doc = with_memory(GENERATORS["fork_join"](0, 12, 1.0))
+    cluster: dict[str, Any] = {"devices": [{"name": f"/GPU:{i}", "memory_bytes": 91}
+                                           for i in range(3)], "network": {"latency_us": 1}}
+    plan = place(doc, cluster, "m-etf", objective="throughput")
+    assert plan.stats.fallback is not None and plan.stats.fallback.startswith(
+        "m-etf's plan needs ") and plan.stats.fallback.endswith("placed with throughput-cpsat")
+    assert plan.stats.algorithm_run == "throughput-cpsat"
+    assert plan.stats.throughput_memory_ok is True
+    assert all(used <= 91 for used in plan.stats.throughput_memory_bytes.values())
+    for device in cluster["devices"]:
+        device["memory_bytes"] = 60
+    with pytest.raises(InfeasiblePlacement, match=r"m-etf's plan needs \d+ bytes on '/GPU:\d'.*"
+                       "throughput-cpsat: no split fits in memory"):
+        place(doc, cluster, "m-etf", objective="throughput")
 
 
 @needs_shared
