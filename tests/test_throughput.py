@@ -256,7 +256,7 @@ def test_a_model_not_built_in_time_gives_the_warm_start() -> None:
     from baechi.algorithms import throughput as module
     from baechi.testing import GENERATORS
 
-    graph = load_graph(GENERATORS["layered"](3, 200, 1.0))
+    graph = load_graph(GENERATORS["layered"](3, 60, 1.0))
     cluster = Cluster.uniform(4, latency_us=5, bandwidth_gbps=1)
     problem = Problem.of(graph, cluster, colocation_units(graph, cluster))
     allowed = [list(problem.devices_for(u)) for u in range(len(problem.units))]
@@ -268,8 +268,8 @@ def test_a_model_not_built_in_time_gives_the_warm_start() -> None:
         split = module._linear_split(problem, allowed)
         assert split is not None
         assert plan.device_of == [split[problem.units.unit_of[op]] for op in range(len(graph))]
-    with_time = module._solve(problem, True, time_limit_s=10.0, hint=None)
-    assert "fallback" not in with_time.stats
+    with_time = module._solve(problem, True, time_limit_s=2.0, hint=None)
+    assert "not built" not in with_time.stats.get("fallback", "")
     assert with_time.stats["time_per_sample_us"] <= plan.stats["time_per_sample_us"]
 
 
