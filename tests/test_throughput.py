@@ -264,7 +264,7 @@ def test_a_model_not_built_in_time_gives_the_warm_start() -> None:
         plan = module._solve(problem, contiguous, time_limit_s=0.0, hint=None)
         assert plan.stats["fallback"] == ("the CP-SAT model was not built within 0 s: the warm "
                                           "start's split")
-        assert plan.stats["optimal"] is False and "memory_ok" not in plan.stats
+        assert plan.stats["optimal"] is False
         split = module._linear_split(problem, allowed)
         assert split is not None
         assert plan.device_of == [split[problem.units.unit_of[op]] for op in range(len(graph))]

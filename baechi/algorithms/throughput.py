@@ -33,7 +33,7 @@ from baechi.algorithms.base import Assignment, Problem
 from baechi.cluster import Cluster
 from baechi.costmodel import persistent_bytes_by
 from baechi.errors import InfeasiblePlacement
-from baechi.throughput import is_backward, kept_activation_bytes, tensors, throughput
+from baechi.throughput import Throughput, is_backward, kept_activation_bytes, tensors, throughput
 
 #: Model times are integer nanoseconds.
 NS_PER_US = 1000
@@ -440,16 +440,16 @@ def _solve(
 
     def out_of_time() -> Assignment:
         """The warm start's split, when it fits; else no plan."""
-        plan = None if start_guess is None else _assignment(problem, start_guess, {})
-        if plan is None or not plan.stats.pop("memory_ok"):
-            raise InfeasiblePlacement(f"{name}: no split found within {time_limit_s:.3g} s",
-                                      {"status": "UNKNOWN"})
-        plan.stats.update({
-            "optimal": False, "bound_us": 0.0, "contiguous": contiguous,
-            "solve_seconds": time.perf_counter() - started,
-            "fallback": f"the CP-SAT model was not built within {time_limit_s:.3g} s: the "
-                        "warm start's split"})
-        return plan
+        if start_guess is not None:
+            plan, verdict = _assignment(problem, start_guess, {
+                "optimal": False, "bound_us": 0.0, "contiguous": contiguous,
+                "solve_seconds": time.perf_counter() - started,
+                "fallback": f"the CP-SAT model was not built within {time_limit_s:.3g} s: "
+                            "the warm start's split"})
+            if verdict.memory_ok:
+                return plan
+        raise InfeasiblePlacement(f"{name}: no split found within {time_limit_s:.3g} s",
+                                  {"status": "NOT_BUILT"})
 
     if time.perf_counter() > give_up:
         return out_of_time()
@@ -576,21 +576,20 @@ def _solve(
         why = "no split fits in memory" if status == cp_model.INFEASIBLE else \
             f"no split found within {time_limit_s:.3g} s"
         raise InfeasiblePlacement(f"{name}: {why}", {"status": solver.StatusName(status)})
-    plan = _assignment(problem, unit_device, {
+    return _assignment(problem, unit_device, {
         "optimal": status == cp_model.OPTIMAL,
         "bound_us": solver.BestObjectiveBound() / NS_PER_US,
         "solve_seconds": time.perf_counter() - started,
         "contiguous": contiguous,
         **({"fallback": fallback, "optimal": False} if fallback else {}),
-    })
-    del plan.stats["memory_ok"]
-    return plan
+    })[0]
 
 
-def _assignment(problem: Problem, unit_device: list[int], stats: dict[str, Any]) -> Assignment:
-    """The plan of a split of the units: ops in canonical order per device, and ``stats``
-    with the objective, the time per sample and whether it fits (``memory_ok``, for the
-    caller to take out)."""
+def _assignment(
+    problem: Problem, unit_device: list[int], stats: dict[str, Any]
+) -> tuple[Assignment, Throughput]:
+    """The plan of a split of the units (ops in canonical order per device; ``stats`` with
+    the objective and the time per sample), and the throughput model's verdict on it."""
     graph = problem.graph
     device_of = [unit_device[problem.units.unit_of[op]] for op in range(len(graph))]
     orders: list[list[int]] = [[] for _ in problem.cluster.devices]
@@ -599,7 +598,7 @@ def _assignment(problem: Problem, unit_device: list[int], stats: dict[str, Any])
     verdict = throughput(graph, problem.cluster, device_of, problem.cost)
     return Assignment(device_of, orders, {
         "objective": "throughput", "time_per_sample_us": verdict.time_per_sample_us,
-        "memory_ok": verdict.memory_ok, **stats})
+        **stats}), verdict
 
 
 def _add_stage_order(
