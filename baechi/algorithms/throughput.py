@@ -438,18 +438,21 @@ def _solve(
         start_guess = [start_guess[units.members[u][0]] for u in range(n_units)]
     give_up = started + time_limit_s
 
-    def out_of_time() -> Assignment:
-        """The warm start's split, when it fits; else no plan."""
+    def warm_start(why: str, bound_us: float, status: str) -> Assignment:
+        """The warm start's split, ``why`` saying why it is the answer, when it fits; else
+        no plan (``status``: the solver's)."""
         if start_guess is not None:
             plan, verdict = _assignment(problem, start_guess, {
-                "optimal": False, "bound_us": 0.0, "contiguous": contiguous,
+                "optimal": False, "bound_us": bound_us, "contiguous": contiguous,
                 "solve_seconds": time.perf_counter() - started,
-                "fallback": f"the CP-SAT model was not built within {time_limit_s:.3g} s: "
-                            "the warm start's split"})
+                "fallback": f"{why} within {time_limit_s:.3g} s: the warm start's split"})
             if verdict.memory_ok:
                 return plan
         raise InfeasiblePlacement(f"{name}: no split found within {time_limit_s:.3g} s",
-                                  {"status": "NOT_BUILT"})
+                                  {"status": status})
+
+    def out_of_time() -> Assignment:
+        return warm_start("the CP-SAT model was not built", 0.0, "NOT_BUILT")
 
     if time.perf_counter() > give_up:
         return out_of_time()
@@ -561,28 +564,18 @@ def _solve(
                                                                       - started))
     solver.parameters.num_workers = 2
     status = solver.Solve(model)
-    fallback = None
-    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        unit_device = [next(d for d, v in x[u].items() if solver.Value(v))
-                       for u in range(n_units)]
-    elif status != cp_model.INFEASIBLE and start_guess is not None and throughput(
-            graph, cluster, [start_guess[units.unit_of[op]] for op in range(len(graph))],
-            cost).memory_ok:
+    if status == cp_model.INFEASIBLE:
+        raise InfeasiblePlacement(f"{name}: no split fits in memory",
+                                  {"status": solver.StatusName(status)})
+    bound_us = solver.BestObjectiveBound() / NS_PER_US
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         # CP-SAT had no time to take even the warm start (a loaded machine, a short limit):
         # the warm start is a valid split, better than no plan
-        unit_device = list(start_guess)
-        fallback = f"CP-SAT found no split within {time_limit_s:.3g} s: the warm start's split"
-    else:
-        why = "no split fits in memory" if status == cp_model.INFEASIBLE else \
-            f"no split found within {time_limit_s:.3g} s"
-        raise InfeasiblePlacement(f"{name}: {why}", {"status": solver.StatusName(status)})
+        return warm_start("CP-SAT found no split", bound_us, solver.StatusName(status))
+    unit_device = [next(d for d, v in x[u].items() if solver.Value(v)) for u in range(n_units)]
     return _assignment(problem, unit_device, {
-        "optimal": status == cp_model.OPTIMAL,
-        "bound_us": solver.BestObjectiveBound() / NS_PER_US,
-        "solve_seconds": time.perf_counter() - started,
-        "contiguous": contiguous,
-        **({"fallback": fallback, "optimal": False} if fallback else {}),
-    })[0]
+        "optimal": status == cp_model.OPTIMAL, "bound_us": bound_us,
+        "solve_seconds": time.perf_counter() - started, "contiguous": contiguous})[0]
 
 
 def _assignment(
