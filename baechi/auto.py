@@ -510,14 +510,16 @@ def place_auto(request: Request) -> Outcome:
                                            or _relaxed(request, entry)):
             solver_entries.append(entry)
         seconds = add_seconds(seconds, run.seconds)
+        notes = []
+        if run.error is not None and run.error.details.get("deadline_reached"):
+            notes.append(SHARE_RAN_OUT)
+        elif run.error is not None:
+            notes += [NO_FIT, *([SHARE_RAN_OUT] if share.expired() else [])]
+        if _relaxed(request, entry):
+            notes.append(_relaxed_note(request))
         candidates.append(Candidate(
             algorithm=entry.algorithm, pipeline=run.pipeline, step_time_us=run.step_time_us,
-            seconds=time.perf_counter() - tick,
-            note="; ".join(
-                ([] if run.error is None else [SHARE_RAN_OUT]
-                 if run.error.details.get("deadline_reached") else
-                 [NO_FIT, *([SHARE_RAN_OUT] if share.expired() else [])])
-                + ([_relaxed_note(request)] if _relaxed(request, entry) else []))))
+            seconds=time.perf_counter() - tick, note="; ".join(notes)))
         if run.simulation is not None and (best is None or _faster(run, best)):
             best = run
     if not blind_done and not request.expired():
