@@ -30,8 +30,8 @@ from typing import Any
 from baechi._version import __version__
 from baechi.algorithms import DEFAULT_ALGORITHM, get_algorithm
 from baechi.algorithms.base import Progress, no_progress
-from baechi.auto import Outcome, candidate_fields, meets_bound, place_auto
-from baechi.bounds import PACKING_TIME_LIMIT_S, pack_units, unit_floor
+from baechi.auto import Outcome, candidate_fields, place_auto
+from baechi.bounds import PACKING_TIME_LIMIT_S, meets_bound, pack_units, unit_floor
 from baechi.cluster import Cluster
 from baechi.costmodel import CostModel
 from baechi.errors import InfeasiblePlacement, PlacementError

@@ -75,6 +75,7 @@ from typing import Any
 from baechi.algorithms import ALGORITHMS
 from baechi.algorithms.base import Assignment
 from baechi.algorithms.exact import EXACT_MAX_OPS
+from baechi.bounds import meets_bound
 from baechi.errors import InfeasiblePlacement
 from baechi.placing import (
     Request,
@@ -307,8 +308,6 @@ SHARE_RAN_OUT = "its share of the time ran out"
 #: device cannot run every op), or the start's share of the time ran out first.
 NOT_PLACED = "not placed (no plan, or its share of the time ran out)"
 
-#: A step time within this relative distance of the lower bound is optimal.
-OPTIMAL_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -841,11 +840,6 @@ def _bound(request: Request, runs: list[Run]) -> float:
                 *(r.algorithm_stats.get("bound_us", 0.0) for r in runs)])
 
 
-def meets_bound(simulation: Simulation | None, bound_us: float) -> bool:
-    """Whether ``simulation``'s plan is proven optimal: its step time meets a lower bound of
-    every plan's (within :data:`OPTIMAL_TOLERANCE`)."""
-    assert simulation is not None
-    return simulation.estimate.step_time_us <= bound_us * (1 + OPTIMAL_TOLERANCE)
 
 
 def _search(request: Request, simulation: Simulation) -> tuple[Simulation, Candidate | None]:

@@ -15,6 +15,11 @@ from baechi.cluster import Cluster
 from baechi.costmodel import CostModel, persistent_bytes_by
 from baechi.graph import Graph
 from baechi.grouping import Units
+from baechi.simulate import Simulation
+
+#: The relative rounding of one float addition (half an ulp of 1.0): a step time and a bound
+#: are sums of at most one term per op and per transfer, each addition rounding by at most this.
+UNIT_ROUNDOFF = 2.0**-53
 
 
 def unit_floor(graph: Graph, units: Units, unit: int, cost: CostModel) -> tuple[int, int]:
@@ -440,3 +445,16 @@ class _MaxTree:
             lo >>= 1
             hi >>= 1
         return best
+
+
+def meets_bound(simulation: Simulation | None, bound_us: float) -> bool:
+    """Whether ``simulation``'s plan is proven optimal: its step time meets a lower bound of
+    every plan's, up to the rounding of the two float sums (:data:`UNIT_ROUNDOFF` per term).
+
+    A fixed relative slack would also call optimal a plan slower than the optimum by less
+    than it: with 1e-9, a 60.00000006 µs plan (an op of 6e-8 µs on the device of a 60 µs
+    group) met the bound of 60 µs, so ``auto`` stopped before m-ETF unreduced's 60 µs.
+    """
+    assert simulation is not None
+    terms = len(simulation.device_of) + len(simulation.transfers) + 1
+    return simulation.estimate.step_time_us <= bound_us * (1 + 2 * terms * UNIT_ROUNDOFF)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from conftest import DATA
-from helpers import edge, graph_doc, op
+from helpers import edge, graph_doc, op, two_devices
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_algorithms import check_plan, clusters, dags
@@ -131,6 +131,21 @@ def test_auto_stops_at_the_lower_bound() -> None:
     assert plan.estimate.step_time_us == plan.estimate.lower_bound_us == 10.0
     ran = [c.algorithm for c in plan.stats.candidates]
     assert ran == ["m-etf", "single"]  # the rest skipped, no local search
+
+
+def test_a_plan_above_the_bound_by_more_than_rounding_is_not_optimal() -> None:
+    """Found by hypothesis: the pipeline puts an op of 2^-24 µs on the device of a 60 µs
+    colocation group, 60.00000006 µs against the bound of 60. A relative slack of 1e-9 called
+    that optimal and ``auto`` stopped there, slower than m-ETF unreduced's 60 µs."""
+    doc = graph_doc([op("a", 0.0, colocation_group="g"), op("big", 60.0, colocation_group="g"),
+                     op("tiny", 2.0**-24), op("c", 0.0, colocation_group="g")],
+                    [edge("a", "c", control=True), edge("tiny", "c", control=True)])
+    cluster = two_devices(latency=0, bandwidth=0.01)
+    assert place(doc, cluster, "m-etf").estimate.step_time_us > 60.0
+    plan = place(doc, cluster, "auto", {"time_limit_s": 2})
+    assert plan.estimate.step_time_us == plan.estimate.lower_bound_us == 60.0
+    assert plan.stats.optimal
+    assert plan.stats.candidates[0].step_time_us > 60.0  # the pipeline's plan came first
 
 
 def test_past_the_deadline_auto_returns_the_last_resorts_plan() -> None:

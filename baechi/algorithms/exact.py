@@ -68,7 +68,7 @@ from ortools.sat.python import cp_model
 from baechi.algorithms.base import Assignment, Problem, Progress
 from baechi.algorithms.etf import place_etf
 from baechi.algorithms.fill import place_fill
-from baechi.bounds import step_bound_us
+from baechi.bounds import meets_bound, step_bound_us
 from baechi.costmodel import CostModel, persistent_bytes_by
 from baechi.errors import InfeasiblePlacement, InvalidPlan
 from baechi.simulate import Simulation, TransferKey, replay
@@ -130,7 +130,8 @@ WORKERS = 2
 #: keep every subsolver (unmeasured without them).
 RELAXED_IGNORED_SUBSOLVERS: tuple[str, ...] = ("ls", "feasibility_pump")
 
-#: Relative differences below this are float noise (the simulator adds floats too).
+#: A time within this relative distance of a whole number of ticks is that number (float
+#: noise of the scaling; a profile's times have a few decimals).
 FLOAT_SLACK = 1e-9
 
 
@@ -327,8 +328,7 @@ def _better(a: Simulation, b: Simulation) -> bool:
 def _finish(plan: Assignment, run: Simulation, stats: dict[str, Any],
             note: str | None) -> Assignment:
     """``plan`` with ``stats``: optimal iff it fits and its replay meets the proven bound."""
-    step = run.estimate.step_time_us
-    stats["optimal"] = run.estimate.memory_ok and step <= stats["bound_us"] * (1 + FLOAT_SLACK)
+    stats["optimal"] = run.estimate.memory_ok and meets_bound(run, stats["bound_us"])
     if note:
         stats["note"] = note
     return Assignment(plan.device_of, plan.orders, stats, plan.transfer_order)
