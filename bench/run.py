@@ -241,6 +241,7 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
         baseline = read_rows(BASELINE)
         out += against_baseline(rows, baseline)
         out += memory_ceiling(rows, baseline)
+        out += against_each_named(rows, baseline)
     out += ["", "## Every run", "",
             "| graph | ops | devices | network | memory | algorithm | pipeline | nodes | seconds | "
             "step ms | / lower bound | speedup | peak / limit | status |",
@@ -441,6 +442,53 @@ def memory_ceiling(rows: list[dict[str, Any]], baseline: list[dict[str, Any]]) -
                    f"{len(keys)} | {geomean([autos[k] / before[k] for k in keys]):.3f} | "
                    f"{geomean([max(bounds[k], free[k[:4]]) / before[k] for k in keys]):.3f} | "
                    f"{geomean([bounds[k] / before[k] for k in keys]):.3f} |")
+    return out
+
+
+def against_each_named(rows: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> list[str]:
+    """The memory target read per algorithm: in each memory level (and all together), the
+    named algorithm and pipeline of :data:`BASELINE` with the lowest geometric mean of step /
+    single device, ``auto``'s geometric mean over it and the proven bound's, over the settings
+    where both it and ``auto`` have a plan. Where ``bound / it`` is above 0.900, no placer can
+    be 10% faster than that algorithm there."""
+    autos, bounds = auto_steps_and_bounds(rows)
+    singles = {setting_key(r): float(r["single_us"]) for r in rows
+               if r["algorithm"] == "auto" and r["status"] == "ok"}
+    named: dict[tuple[str, str], dict[tuple[str, ...], float]] = {}
+    for r in baseline:
+        if r["status"] == "ok":
+            named.setdefault((r["algorithm"], _pipe(r)), {})[setting_key(r)] = float(r["step_us"])
+    out = ["", "### The memory target read per named algorithm", "",
+           "The same target read against one named algorithm instead of the fastest named plan "
+           "of each setting: per memory level, the algorithm and pipeline of "
+           "`bench/baseline.csv` whose geometric mean of step / single device is lowest (over "
+           "the settings where it and `auto` both have a plan), `auto` over it and the proven "
+           "bound over it. `reachable` says whether the bound leaves room for 10%: where "
+           "`bound / it` is above 0.900, no plan of any placer is 10% faster than that "
+           "algorithm on those settings.", "",
+           "| network | memory | best named before | settings | its step / 1 device "
+           "| auto / it | bound / it | reachable |",
+           "|---|---|---|---|---|---|---|---|"]
+    levels = [m for m in MEMORY_LEVELS if m != "unlimited"]
+    groups = [(n, [m]) for n in NETWORKS for m in levels] + \
+        [(n, levels) for n in NETWORKS] + [("all", levels)]
+    for network, memories in groups:
+        best = None
+        for (algorithm, pipeline), steps in sorted(named.items()):
+            keys = [k for k in steps if k in autos and k[4] in memories
+                    and network in ("all", k[3])]
+            if keys:
+                mean = geomean([steps[k] / singles[k] for k in keys])
+                if best is None or mean < best[0]:
+                    best = (mean, f"{algorithm} ({pipeline})", keys, steps)
+        if best is None:
+            continue
+        mean, name, keys, steps = best
+        bound_ratio = geomean([bounds[k] / steps[k] for k in keys])
+        out.append(f"| {network} | {'all' if len(memories) > 1 else memories[0]} | {name} | "
+                   f"{len(keys)} | {mean:.3f} | "
+                   f"{geomean([autos[k] / steps[k] for k in keys]):.3f} | "
+                   f"{bound_ratio:.3f} | {'yes' if bound_ratio <= 0.9 else 'no'} |")
     return out
 
 
