@@ -86,35 +86,116 @@ class Enforcement:
     foldable: set[str] = field(default_factory=set, repr=False)
 
 
-class _CycleGuard:
-    """Adds control edges to a graph unless they would close a cycle.
+class _Order:
+    """A directed graph's topological positions, kept as edges are added.
 
-    Keeps a topological position per op: an edge ``a → b`` with ``a`` before ``b`` can never
-    close a cycle (and keeps the positions topological); otherwise a search from ``b`` among
-    the ops placed before ``a`` decides, and the positions are recomputed after such an edge
-    is added (rare: plan orders follow the graph).
+    Positions come from Kahn's algorithm; the ops on or after a cycle get none. An edge
+    ``a → b`` with ``a`` before ``b`` keeps them topological; otherwise only the ops between
+    the two move (Pearce and Kelly's dynamic topological order, JEA 2006). Recomputing every
+    position instead made enforcing an m-ETF plan of ResNet-50 (14k ops) take 268 s of its
+    first step.
+
+    >>> order = _Order({"x": {"y"}, "y": set(), "z": set()})
+    >>> order.insert("y", "z"), order.insert("z", "x"), order.insert("y", "x")
+    (True, False, False)
+    >>> order.insert("z", "y"), order.insert("x", "z")
+    (False, True)
+    >>> sorted(order.position, key=order.position.get)
+    ['x', 'y', 'z']
     """
+
+    def __init__(self, successors: dict[str, set[str]]) -> None:
+        self.successors = successors
+        self.predecessors: dict[str, set[str]] = {name: set() for name in successors}
+        for name, targets in successors.items():
+            targets.discard(name)
+            for target in targets:
+                self.predecessors[target].add(name)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Recompute every position (Kahn's algorithm)."""
+        indegree = {name: len(sources) for name, sources in self.predecessors.items()}
+        ready = [name for name, degree in indegree.items() if degree == 0]
+        self.position: dict[str, int] = {}
+        while ready:
+            name = ready.pop()
+            self.position[name] = len(self.position)
+            for target in self.successors[name]:
+                indegree[target] -= 1
+                if indegree[target] == 0:
+                    ready.append(target)
+
+    def add_node(self, name: str) -> None:
+        self.successors.setdefault(name, set())
+        self.predecessors.setdefault(name, set())
+
+    def link(self, a: str, b: str) -> None:
+        """Record the edge ``a → b`` (the positions are the caller's to refresh)."""
+        self.successors[a].add(b)
+        self.predecessors[b].add(a)
+
+    def reaches(self, start: str, goal: str) -> bool:
+        """Whether a path leads from ``start`` to ``goal`` (which has a position)."""
+        return goal in self._region(start, self.successors, 0, self.position[goal])
+
+    def insert(self, a: str, b: str) -> bool:
+        """Add ``a → b`` between two positioned ops and keep the positions topological, or
+        return False (adding nothing) when ``b`` reaches ``a``. What ``b`` reaches up to
+        ``a``'s position moves after what reaches ``a`` from ``b``'s position on, each in its
+        own order, into the positions the two sets held; every other op keeps its own."""
+        low, high = self.position[b], self.position[a]
+        if low < high:
+            after = self._region(b, self.successors, low, high)
+            if a in after:
+                return False
+            before = self._region(a, self.predecessors, low, high)
+            moved = sorted(before, key=self.position.__getitem__) + \
+                sorted(after, key=self.position.__getitem__)
+            places = sorted(self.position[name] for name in moved)
+            for name, place in zip(moved, places, strict=True):
+                self.position[name] = place
+        self.link(a, b)
+        return True
+
+    def _region(self, start: str, neighbours: dict[str, set[str]], low: int, high: int
+                ) -> set[str]:
+        """``start`` and the ops it reaches through ``neighbours`` among those positioned
+        from ``low`` to ``high``. Ops without a position sit on or after a cycle: no ancestor
+        of an op with one is among them."""
+        seen, stack = {start}, [start]
+        while stack:
+            for other in neighbours[stack.pop()]:
+                place = self.position.get(other)
+                if other not in seen and place is not None and low <= place <= high:
+                    seen.add(other)
+                    stack.append(other)
+        return seen
+
+
+class _CycleGuard:
+    """Adds control edges to a graph unless they would close a cycle, deciding by the
+    topological positions of an :class:`_Order` of the graph's ops (the ops TensorFlow may
+    merge counted as one) and the edges ``tf.function`` will add."""
 
     def __init__(self, graph: Any) -> None:
         self.graph = graph
-        self.successors: dict[str, set[str]] = {}
         self.same = _equivalent_ops(graph)
+        successors: dict[str, set[str]] = {}
         for op in graph.get_operations():
-            self.successors.setdefault(self.rep(op.name), set())
+            successors.setdefault(self.rep(op.name), set())
             for tensor in op.inputs:
-                self.successors.setdefault(self.rep(tensor.op.name), set()).add(self.rep(op.name))
+                successors.setdefault(self.rep(tensor.op.name), set()).add(self.rep(op.name))
             for control in op.control_inputs:
-                self.successors.setdefault(self.rep(control.name), set()).add(self.rep(op.name))
-        self._add_future_edges(graph)
-        for name, targets in self.successors.items():
-            targets.discard(name)
-        self.position = self._topological()
+                successors.setdefault(self.rep(control.name), set()).add(self.rep(op.name))
+        self._add_future_edges(graph, successors)
+        self.order = _Order(successors)
 
     def rep(self, name: str) -> str:
         """The op standing for ``name`` and the ops TensorFlow may merge with it."""
         return self.same.get(name, name)
 
-    def _add_future_edges(self, graph: Any) -> None:
+    def _add_future_edges(self, graph: Any, successors: dict[str, set[str]]) -> None:
         """Edges ``tf.function`` will add once the whole function is traced.
 
         Its automatic control dependencies run the stateful ops in program order: the ops
@@ -133,84 +214,54 @@ class _CycleGuard:
             if not handles:
                 if _is_stateful(op) and op.type not in RESOURCE_FREE_UNORDERED:
                     if last_stateful is not None:
-                        self.successors[last_stateful].add(self.rep(op.name))
+                        successors[last_stateful].add(self.rep(op.name))
                     last_stateful = self.rep(op.name)
                 continue
             for handle in handles:
                 name = self.rep(op.name)
                 if handle in last_write:
-                    self.successors[last_write[handle]].add(name)
+                    successors[last_write[handle]].add(name)
                 if op.type in RESOURCE_READS:
                     reads.setdefault(handle, []).append(name)
                     continue
                 for read in reads.pop(handle, []):
-                    self.successors[read].add(name)
+                    successors[read].add(name)
                 last_write[handle] = name
-
-    def _topological(self) -> dict[str, int]:
-        indegree = dict.fromkeys(self.successors, 0)
-        for targets in self.successors.values():
-            for target in targets:
-                indegree[target] += 1
-        ready = [name for name, degree in indegree.items() if degree == 0]
-        position: dict[str, int] = {}
-        while ready:
-            name = ready.pop()
-            position[name] = len(position)
-            for target in self.successors[name]:
-                indegree[target] -= 1
-                if indegree[target] == 0:
-                    ready.append(target)
-        return position
-
-    def _reaches(self, start: str, goal: str) -> bool:
-        limit = self.position[goal]
-        stack, seen = [start], {start}
-        while stack:
-            name = stack.pop()
-            if name == goal:
-                return True
-            for target in self.successors[name]:
-                # Ops without a position sit on or after a cycle between groups: no
-                # ancestor of ``goal`` (which has one) is among them.
-                if target not in seen and self.position.get(target, limit + 1) <= limit:
-                    seen.add(target)
-                    stack.append(target)
-        return False
 
     def add(self, before: Any, after: Any) -> str:
         """Make ``after`` wait for ``before``: "added", "present", "merged" or "cycle"."""
         a, b = self.rep(before.name), self.rep(after.name)
-        if b in self.successors[a]:
+        order = self.order
+        if b in order.successors[a]:
             return "present"
         # Fused with a consumer that depends on ``after``, ``before`` would take ``after``'s
         # result as its input: the edge would become a cycle (seen in TF 2.21, Conv2D →
         # bias Reshape, the bias feeding the BiasAdd fused into the Conv2D: "N nodes in a
         # cycle").
-        if a == b or any(self.rep(c) in self.position and self._reaches(b, self.rep(c))
+        if a == b or any(self.rep(c) in order.position and order.reaches(b, self.rep(c))
                          for c in _fusion_chain(before)):
             return "merged"
-        if a not in self.position or b not in self.position:
+        if a not in order.position or b not in order.position:
             return "cycle"  # on a cycle already: never add to it
-        if self.position[a] > self.position[b]:
-            if self._reaches(b, a):
-                return "cycle"
-            self.successors[a].add(b)
-            self.position = self._topological()
-        else:
-            self.successors[a].add(b)
+        if not order.insert(a, b):
+            return "cycle"
         after._add_control_input(before)
         return "added"
 
     def register(self, op: Any) -> None:
-        """Track an op created after the guard (its inputs are already tracked ops)."""
-        self.successors.setdefault(op.name, set())
+        """Track an op created after the guard (its inputs are already tracked ops); call
+        :meth:`refresh` once they all are."""
+        self.order.add_node(op.name)
         for tensor in op.inputs:
-            self.successors[self.rep(tensor.op.name)].add(op.name)
+            self.order.link(self.rep(tensor.op.name), op.name)
+
+    def link(self, a: str, b: str) -> None:
+        """Track an edge ``a → b`` TensorFlow already has; call :meth:`refresh` after."""
+        self.order.link(a, b)
 
     def refresh(self) -> None:
-        """Recompute the positions after ops were registered."""
-        self.position = self._topological()
+        """Recompute the positions after ops or edges were tracked."""
+        self.order.refresh()
 
 
 #: Ops that only read a resource (automatic control dependencies let reads run together).
@@ -471,7 +522,7 @@ def _route_transfers(
             for i, value in enumerate(consumer.inputs):
                 if value is tensor:
                     consumer._update_input(i, identity)
-                    guard.successors[identity.op.name].add(guard.rep(consumer.name))
+                    guard.link(identity.op.name, guard.rep(consumer.name))
         identities[key] = identity.op
         report.transfers_routed += 1
     guard.refresh()
