@@ -363,6 +363,15 @@ def auto_steps_and_bounds(rows: list[dict[str, Any]]
             {k: float(r.get("bound_us") or r["lower_bound_us"]) for k, r in found.items()})
 
 
+def memory_groups(per_network: bool = True) -> list[tuple[str, list[str]]]:
+    """The (network or ``"all"``, memory levels) the memory-limited settings are summed up
+    by: each network at each level, each network over every level (``per_network``), and
+    everything together."""
+    levels = [m for m in MEMORY_LEVELS if m != "unlimited"]
+    return [(n, [m]) for n in NETWORKS for m in levels] + \
+        ([(n, levels) for n in NETWORKS] if per_network else []) + [("all", levels)]
+
+
 def against_baseline(rows: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> list[str]:
     """``auto``'s step / single device against the best named plan of each setting, today's
     and :data:`BASELINE`'s, as geometric means over the memory-limited settings where both
@@ -383,9 +392,7 @@ def against_baseline(rows: list[dict[str, Any]], baseline: list[dict[str, Any]])
            "| network | memory | settings | auto / best named today | auto / best named before "
            "| bound / best named today | auto / bound | auto at its bound |",
            "|---|---|---|---|---|---|---|---|"]
-    levels = [m for m in MEMORY_LEVELS if m != "unlimited"]
-    groups = [(n, [m]) for n in NETWORKS for m in levels] + [("all", levels)]
-    for network, memories in groups:
+    for network, memories in memory_groups(per_network=False):
         keys = [k for k in autos if k in now and k in before and k[4] in memories
                 and network in ("all", k[3])]
         out.append(f"| {network} | {'all' if len(memories) > 1 else memories[0]} | {len(keys)} | "
@@ -430,10 +437,7 @@ def memory_ceiling(rows: list[dict[str, Any]], baseline: list[dict[str, Any]]) -
            "| network | memory | settings | auto / best named before "
            "| unlimited / best named before | bound / best named before |",
            "|---|---|---|---|---|---|"]
-    levels = [m for m in MEMORY_LEVELS if m != "unlimited"]
-    groups = [(n, [m]) for n in NETWORKS for m in levels] + \
-        [(n, levels) for n in NETWORKS] + [("all", levels)]
-    for network, memories in groups:
+    for network, memories in memory_groups():
         keys = [k for k in autos if k[4] in memories and (*k[:4], "unlimited") in autos
                 and k in before and network in ("all", k[3])]
         if not keys:
@@ -469,10 +473,7 @@ def against_each_named(rows: list[dict[str, Any]], baseline: list[dict[str, Any]
            "| network | memory | best named before | settings | its step / 1 device "
            "| auto / it | bound / it | reachable |",
            "|---|---|---|---|---|---|---|---|"]
-    levels = [m for m in MEMORY_LEVELS if m != "unlimited"]
-    groups = [(n, [m]) for n in NETWORKS for m in levels] + \
-        [(n, levels) for n in NETWORKS] + [("all", levels)]
-    for network, memories in groups:
+    for network, memories in memory_groups():
         best = None
         for (algorithm, pipeline), steps in sorted(named.items()):
             keys = [k for k in steps if k in autos and k[4] in memories
