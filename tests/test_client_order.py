@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import doctest
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from baechi.client import ordering
 from baechi.client.ordering import _Order
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def reaches(successors: dict[str, set[str]], start: str, goal: str) -> bool:
