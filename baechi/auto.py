@@ -309,7 +309,6 @@ SHARE_RAN_OUT = "its share of the time ran out"
 NOT_PLACED = "not placed (no plan, or its share of the time ran out)"
 
 
-
 @dataclass(frozen=True)
 class Entry:
     """One candidate of the portfolio: an algorithm, with the reduction pipeline or not.
@@ -844,8 +843,6 @@ def _bound(request: Request, runs: list[Run]) -> float:
     (``bound_us``; a bound proved on a reduced graph is kept as ``reduced_bound_us``)."""
     return max([request.bound_us,
                 *(r.algorithm_stats.get("bound_us", 0.0) for r in runs)])
-
-
 
 
 def _search(request: Request, simulation: Simulation) -> tuple[Simulation, Candidate | None]:
