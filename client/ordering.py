@@ -113,18 +113,42 @@ class _Order:
                 self.predecessors[target].add(name)
         self.refresh()
 
-    def refresh(self) -> None:
-        """Recompute every position (Kahn's algorithm)."""
-        indegree = {name: len(sources) for name, sources in self.predecessors.items()}
-        ready = [name for name, degree in indegree.items() if degree == 0]
-        self.position: dict[str, int] = {}
-        while ready:
-            name = ready.pop()
-            self.position[name] = len(self.position)
+    def refresh(self, ahead: Iterable[tuple[str, str]] = ()) -> None:
+        """Recompute every position (Kahn's algorithm), keeping as many edges of ``ahead``
+        (edges about to be inserted) forward as it can: an op also waits for the ops such
+        edges come from, unless no op is ready otherwise. Where those edges close no cycle
+        among the positioned ops, inserting them later moves nothing."""
+        self.position = self._kahn([])
+        ahead = [(a, b) for a, b in ahead if a != b and a in self.position and b in self.position]
+        if ahead:
+            self.position = self._kahn(ahead)
+
+    def _kahn(self, ahead: list[tuple[str, str]]) -> dict[str, int]:
+        """Positions of a topological order (none for the ops on or after a cycle), each op
+        after the sources of its ``ahead`` edges where some op is ready without breaking one."""
+        hard = {name: len(sources) for name, sources in self.predecessors.items()}
+        soft = dict.fromkeys(hard, 0)
+        more: dict[str, list[str]] = {}
+        for a, b in ahead:
+            more.setdefault(a, []).append(b)
+            soft[b] += 1
+        ready = [name for name, degree in hard.items() if degree == 0 and not soft[name]]
+        waiting = [name for name, degree in hard.items() if degree == 0 and soft[name]]
+        position: dict[str, int] = {}
+        while ready or waiting:
+            name = ready.pop() if ready else waiting.pop()
+            if name in position:  # waited, then became ready too
+                continue
+            position[name] = len(position)
             for target in self.successors[name]:
-                indegree[target] -= 1
-                if indegree[target] == 0:
+                hard[target] -= 1
+                if hard[target] == 0:
+                    (waiting if soft[target] else ready).append(target)
+            for target in more.get(name, ()):
+                soft[target] -= 1
+                if soft[target] == 0 and hard[target] == 0:
                     ready.append(target)
+        return position
 
     def add_node(self, name: str) -> None:
         self.successors.setdefault(name, set())
@@ -259,9 +283,11 @@ class _CycleGuard:
         """Track an edge ``a → b`` TensorFlow already has; call :meth:`refresh` after."""
         self.order.link(a, b)
 
-    def refresh(self) -> None:
-        """Recompute the positions after ops or edges were tracked."""
-        self.order.refresh()
+    def refresh(self, chains: Sequence[Sequence[Any]] = ()) -> None:
+        """Recompute the positions after ops or edges were tracked, if possible so that the
+        control edges of ``chains`` (ops in the order they are to run) go forward."""
+        self.order.refresh((self.rep(a.name), self.rep(b.name))
+                           for chain in chains for a, b in itertools.pairwise(chain))
 
 
 #: Ops that only read a resource (automatic control dependencies let reads run together).
@@ -430,16 +456,23 @@ def enforce(
         every_op = {op.name: op for op in graph.get_operations()}
         identities = _route_transfers(graph, transfer_order, device_of, every_op, folded, guard,
                                       report)
-        for channel in transfer_order.values():
-            chain = [identities[_transfer_key(e)] for e in channel
-                     if _transfer_key(e) in identities]
-            outcomes = _add_chain(guard, chain, report)
-            report.transfer_edges += outcomes["added"]
-            report.transfer_edges_skipped += outcomes["cycle"]
+        channels = [[identities[_transfer_key(e)] for e in channel
+                     if _transfer_key(e) in identities] for channel in transfer_order.values()]
+    else:
+        channels = []
+    chains = []
     for names in order.values():
-        chain = [ops[name] for name in names if name in ops and name not in folded]
-        report.ops_ordered += len(chain)
+        chains.append([ops[name] for name in names if name in ops and name not in folded])
+        report.ops_ordered += len(chains[-1])
         report.ops_absent += sum(1 for name in names if name not in ops)
+    # a plan's orders are consistent with its graph: positions that already run every chain
+    # forward leave the guard nothing to reorder (ResNet-50, 14k ops: 13 s of searches)
+    guard.refresh([*channels, *chains])
+    for chain in channels:
+        outcomes = _add_chain(guard, chain, report)
+        report.transfer_edges += outcomes["added"]
+        report.transfer_edges_skipped += outcomes["cycle"]
+    for chain in chains:
         outcomes = _add_chain(guard, chain, report)
         report.order_edges += outcomes["added"]
         report.order_edges_present += outcomes["present"]
@@ -525,8 +558,7 @@ def _route_transfers(
                     guard.link(identity.op.name, guard.rep(consumer.name))
         identities[key] = identity.op
         report.transfers_routed += 1
-    guard.refresh()
-    return identities
+    return identities  # the guard's positions are refreshed by the caller
 
 
 __all__ = ["TRANSFER_SCOPE", "Enforcement", "enforce", "foldable"]

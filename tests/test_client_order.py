@@ -68,6 +68,34 @@ def test_insertions_keep_the_order_topological_and_refuse_only_cycles(
     assert set(order.position) == positioned
 
 
+@settings(max_examples=200, deadline=None)
+@given(case=graphs_and_insertions())
+def test_positions_refreshed_ahead_of_insertions_run_them_forward(
+        case: tuple[dict[str, set[str]], list[tuple[str, str]]]) -> None:
+    """Refreshed knowing the edges to come, the positions stay topological and position the
+    same ops as a plain refresh; where those edges close no cycle together, they put each of
+    them forward (then no insertion moves an op)."""
+    successors, insertions = case
+    order = _Order({name: set(targets) for name, targets in successors.items()})
+    positioned = set(order.position)
+    order.refresh(insertions)
+    assert set(order.position) == positioned
+    assert sorted(order.position.values()) == list(range(len(positioned)))
+    for name in positioned:  # topological for the graph's own edges, whatever ``ahead`` is
+        for target in successors[name] - {name}:
+            if target in positioned:
+                assert order.position[name] < order.position[target], (name, target)
+    ahead = [(a, b) for a, b in insertions if a != b and a in positioned and b in positioned]
+    union = {name: set(targets) - {name} for name, targets in successors.items()}
+    for a, b in ahead:
+        union[a].add(b)
+    if all(not reaches(union, b, a) for a, b in ahead):  # acyclic together
+        before = dict(order.position)
+        for a, b in ahead:
+            assert order.insert(a, b)
+        assert order.position == before
+
+
 def test_reaches_follows_the_edges_added() -> None:
     order = _Order({"a": {"b"}, "b": set(), "c": set()})
     assert order.reaches("a", "b") and not order.reaches("a", "c")
