@@ -203,7 +203,6 @@ class _CycleGuard:
     merge counted as one) and the edges ``tf.function`` will add."""
 
     def __init__(self, graph: Any) -> None:
-        self.graph = graph
         self.same = _equivalent_ops(graph)
         successors: dict[str, set[str]] = {}
         for op in graph.get_operations():
@@ -450,6 +449,7 @@ def enforce(
     guard = _CycleGuard(graph)
     folded = foldable(graph)
     report.foldable = folded
+    channels: list[list[Any]] = []
     if transfer_order:
         # Any op of the step may send or receive, also those made under a variable's
         # colocation (an optimizer's reads), which bypass the device function.
@@ -458,9 +458,7 @@ def enforce(
                                       report)
         channels = [[identities[_transfer_key(e)] for e in channel
                      if _transfer_key(e) in identities] for channel in transfer_order.values()]
-    else:
-        channels = []
-    chains = []
+    chains: list[list[Any]] = []
     for names in order.values():
         chains.append([ops[name] for name in names if name in ops and name not in folded])
         report.ops_ordered += len(chains[-1])
