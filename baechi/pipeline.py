@@ -56,6 +56,11 @@ class Reduction:
     seconds: dict[str, float] = field(default_factory=dict)
     #: The merge cap's scale it was reduced with (:func:`reduce_graph`).
     cap_scale: float = 1.0
+    #: What placers computed on this graph and units (:attr:`Problem.memo
+    #: <baechi.algorithms.base.Problem.memo>`), shared by every problem made of it
+    #: (:meth:`baechi.placing.Request.problem`): ``auto``'s runs of one reduction, memory
+    #: retries and memory-blind starts alike, solve m-SCT's LP once.
+    memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def expand(
         self, node_device: list[int], node_orders: list[list[int]]

@@ -116,6 +116,15 @@ class Request:
         """The reduction that keeps every op (for plans made on the graph itself)."""
         return self.reduction(self.options.without_pipeline())[0]
 
+    def problem(self, reduction: Reduction, **kwargs: Any) -> Problem:
+        """The problem of placing ``reduction``'s graph on the request's cluster (``kwargs``:
+        :class:`~baechi.algorithms.base.Problem`'s other fields), with the reduction's memo
+        and, for the graph itself, the request's cost model (a reduced graph gets its own)."""
+        if reduction.graph is self.graph:
+            kwargs["cost"] = self.cost
+        return Problem.of(reduction.graph, self.cluster, reduction.units, memo=reduction.memo,
+                          **kwargs)
+
     def replay(self, device_of: list[int], orders: list[list[int]]) -> Simulation:
         """The simulator's replay of a plan of this request's graph (the judge)."""
         return replay(self.graph, self.cluster, device_of, orders, self.cost)
@@ -188,16 +197,12 @@ def run_algorithm(
     Returns a :class:`Run` whose ``simulation`` fits every device, or whose ``error`` says
     by how much the last plan did not.
     """
-    graph, cluster = request.graph, request.cluster
+    cluster = request.cluster
     reduction, seconds = request.reduction(options, cap_scale)
     extra: dict[str, Any] = {} if hint is None else {"hint": hint}
-    # the request's cost model serves the graph itself; a reduced graph gets its own
-    same_graph = {"cost": request.cost} if reduction.graph is graph else {}
-    problem = Problem.of(
-        reduction.graph, cluster, reduction.units, **same_graph,
-        time_limit_s=_time_limit(request, options), progress=request.progress,
-        deadline=math.inf if last_resort else request.deadline, relaxed=relaxed, **extra,
-    )
+    problem = request.problem(
+        reduction, time_limit_s=_time_limit(request, options), progress=request.progress,
+        deadline=math.inf if last_resort else request.deadline, relaxed=relaxed, **extra)
     place_fn = get_algorithm(algorithm)
     over_error: InfeasiblePlacement | None = None  # why the last plan was refused
     refused: Simulation | None = None  # the refused plan that overshot least
@@ -289,10 +294,8 @@ def memory_blind_replay(request: Request, algorithm: str, *, pipeline: bool = Fa
     (for ``single``: pins on two devices, or no device runs every op) or the deadline
     passed."""
     reduction = request.reduction(request.options)[0] if pipeline else request.unreduced
-    # the request's cost model serves the graph itself; a reduced graph gets its own
-    same_graph = {"cost": request.cost} if reduction.graph is request.graph else {}
-    problem = Problem.of(reduction.graph, request.cluster, reduction.units, **same_graph,
-                         deadline=request.deadline, time_limit_s=max(0.0, request.seconds_left()))
+    problem = request.problem(reduction, deadline=request.deadline,
+                              time_limit_s=max(0.0, request.seconds_left()))
     blind = dataclasses.replace(problem, budget=[math.inf] * len(problem.budget))
     try:
         assignment = get_algorithm(algorithm)(blind)

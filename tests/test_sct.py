@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -86,6 +88,50 @@ def test_memory_retries_solve_the_lp_once(monkeypatch: pytest.MonkeyPatch) -> No
     assert plan.estimate.memory_ok and plan.stats.lp_variables > 0
     # once, with its share of what was left of the default limit (60 s)
     assert len(solved) == 1 and sct.LP_SHARE * 50 < solved[0] <= sct.LP_SHARE * 60
+
+
+def test_a_timed_out_lp_is_solved_again_only_within_a_longer_limit() -> None:
+    """A problem of the same graph and units (the memo shared) places with m-ETF at once
+    where the LP timed out within as long a limit, and solves it where its limit is longer;
+    once solved, the favourite children serve every later problem."""
+    graph = load_graph(json.loads((DATA / "graphs" / "stg50_rand0000.json").read_text()))
+    cluster = Cluster.uniform(4)
+    first = Problem.of(graph, cluster, colocation_units(graph, cluster), time_limit_s=1e-9)
+    assert "placed with m-etf" in place_sct(first).stats["fallback"]
+    again = place_sct(dataclasses.replace(first, time_limit_s=1e-10))
+    assert "placed with m-etf" in again.stats["fallback"] and "lp_variables" not in again.stats
+    longer = place_sct(dataclasses.replace(first, time_limit_s=60))
+    assert "fallback" not in longer.stats and longer.stats["lp_variables"] > 0
+    shorter = place_sct(dataclasses.replace(first, time_limit_s=1e-9))
+    assert "fallback" not in shorter.stats and shorter.device_of == longer.device_of
+
+
+def test_a_requests_problems_of_one_graph_solve_the_lp_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """m-SCT's run within memory and its plan placed as if memory were unlimited (a start
+    for auto's repair) place one graph: the second reuses the first's LP (the reduction's
+    memo, Request.problem)."""
+    from baechi.algorithms import sct
+    from baechi.options import Options
+    from baechi.placing import Request, memory_blind_replay, run_algorithm
+    from baechi.testing import GENERATORS, with_memory
+
+    solved = []
+
+    def counted(problem: Problem, time_limit_s: float | None = None):
+        solved.append(len(problem.graph))
+        return favourite_children(problem, time_limit_s)
+
+    monkeypatch.setattr(sct, "favourite_children", counted)
+    graph = load_graph(with_memory(GENERATORS["layered"](1, 40, 1.0)))
+    cluster = Cluster.parse({"devices": {"count": 3, "memory_bytes": 10**9}})
+    options = Options().without_pipeline()
+    request = Request.of(graph, cluster, options, time.perf_counter(), lambda *_: None)
+    run = run_algorithm(request, "m-sct", options)
+    blind = memory_blind_replay(request, "m-sct")
+    assert solved == [len(graph)]
+    assert run.simulation is not None and blind is not None
+    assert blind.device_of == run.simulation.device_of  # no budget binds at 1 GB
 
 
 def _stg_cases() -> list[tuple[str, int, float]]:

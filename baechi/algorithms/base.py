@@ -49,7 +49,8 @@ class Problem:
     relaxed: bool = False
     #: What a placer computed on this graph and units that a placement of the same problem
     #: with other budgets may reuse (m-cut's walks: :func:`~baechi.algorithms.cut.place_cut`),
-    #: by the placer's key. ``dataclasses.replace`` keeps it, as the memory retries do.
+    #: by the placer's key. ``dataclasses.replace`` keeps it, as the memory retries do, and
+    #: a request's problems of one reduction share it (:meth:`baechi.placing.Request.problem`).
     memo: dict[str, Any] = field(default_factory=dict)
     cost: CostModel = None  # type: ignore[assignment]  # built in __post_init__
 

@@ -21,6 +21,7 @@ one channel; the largest in parallel mode).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from baechi.algorithms.base import Assignment, Problem
@@ -43,7 +44,8 @@ LP_SHARE = 0.5
 
 #: The key of :attr:`Problem.memo <baechi.algorithms.base.Problem.memo>` under which m-SCT
 #: keeps its favourite children and the LP's stats (or why the LP was not solved): the LP
-#: does not depend on the memory budgets, so a memory retry reuses them.
+#: does not depend on the memory budgets, so a memory retry, and every other problem of the
+#: request's graph (:meth:`baechi.placing.Request.problem`), reuses them.
 MEMO_KEY = "m-sct"
 
 
@@ -168,20 +170,30 @@ def favourite_children(
     return favourite, stats
 
 
+@dataclass(frozen=True)
+class _Unsolved:
+    """Why the LP was not solved, and within what limit (s): a memory retry, or another
+    problem of the same graph and units with no longer a limit, places with m-ETF at once."""
+
+    message: str
+    limit_s: float
+
+
 def place_sct(problem: Problem) -> Assignment:
     """m-SCT on ``problem``; falls back to m-ETF (said in the stats) if the LP does not
     finish within :data:`LP_SHARE` of the time limit."""
     problem.progress("lp", 0.0)
+    limit_s = LP_SHARE * problem.time_limit_s
     solved = problem.memo.get(MEMO_KEY)
-    if solved is None:
+    if solved is None or (isinstance(solved, _Unsolved) and solved.limit_s < limit_s):
         try:
-            solved = favourite_children(problem, LP_SHARE * problem.time_limit_s)
-        except TimeoutError as exc:  # said once, and not solved again on a memory retry
-            solved = f"m-sct: LP not solved ({exc}); placed with m-etf"
+            solved = favourite_children(problem, limit_s)
+        except TimeoutError as exc:  # said once, not solved again within no longer a limit
+            solved = _Unsolved(f"m-sct: LP not solved ({exc}); placed with m-etf", limit_s)
         problem.memo[MEMO_KEY] = solved
-    if isinstance(solved, str):
+    if isinstance(solved, _Unsolved):
         assignment = place_etf(problem)
-        assignment.stats["fallback"] = solved
+        assignment.stats["fallback"] = solved.message
         return assignment
     favourite, stats = solved
     problem.progress("lp", 1.0)
