@@ -256,7 +256,7 @@ class _Search:
         fifo = self.fifo
         try:
             simulation = replay(self.cost.graph, self.cost.cluster, fifo.device_of,
-                                fifo.orders, self.cost, make())
+                                fifo.orders, self.cost, make(), name_cycle=False)
         except InvalidPlan:  # a promotion that deadlocks (the sorted candidates cannot)
             return fifo
         estimate = simulation.estimate

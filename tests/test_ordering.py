@@ -367,8 +367,16 @@ def test_any_channel_order_replays_or_is_rejected_as_a_cycle(doc: dict, cluster:
         sim = replay(g, c, device_of, orders, cost, shuffled)
         assert sim.booked_order() == shuffled
     else:
-        with pytest.raises(InvalidPlan, match="deadlocks"):
+        with pytest.raises(InvalidPlan, match="deadlocks") as named:
             replay(g, c, device_of, orders, cost, shuffled)
+        assert named.value.details["cycle"]
+    # without naming a cycle, the same verdict
+    try:
+        replay(g, c, device_of, orders, cost, shuffled, name_cycle=False)
+    except InvalidPlan as unnamed:
+        assert not acyclic and "cycle" not in unnamed.details
+    else:
+        assert acyclic
 
 
 @st.composite

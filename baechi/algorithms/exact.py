@@ -681,7 +681,8 @@ class _Model:
             return plan, fifo
         order = self._channel_order(solution, fifo)
         try:
-            ordered = replay(graph, cluster, solution.device_of, solution.orders, cost, order)
+            ordered = replay(graph, cluster, solution.device_of, solution.orders, cost, order,
+                             name_cycle=False)
         except InvalidPlan:  # ties among messages that take no time can deadlock
             return plan, fifo
         if _better(ordered, fifo):
