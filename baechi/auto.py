@@ -534,13 +534,13 @@ def place_auto(request: Request) -> Outcome:
         errors = [r.error for r in runs if r.error is not None]
         # the first candidate's reason, unless it only says that time ran out
         error = next((e for e in errors if not e.details.get("deadline_reached")), errors[0])
-        message, details = f"{error.message} (no algorithm of the portfolio found one", \
-            error.details
+        within, details = "", error.details
         if request.expired():  # candidates were skipped: more time may find a plan
-            message += f" within the time limit of {request.options.time_limit_s:g} s; " \
+            within = f" within the time limit of {request.options.time_limit_s:g} s; " \
                 "a longer one may"
             details = {**details, "deadline_reached": True}
-        raise InfeasiblePlacement(message + ")", details)
+        raise InfeasiblePlacement(
+            f"{error.message} (no algorithm of the portfolio found one{within})", details)
     assert best.simulation is not None
     chosen = Chosen(algorithm=best.algorithm, pipeline=best.pipeline)
     simulation = best.simulation
