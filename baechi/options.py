@@ -15,7 +15,8 @@ class Options(BaseModel):
     """Switches of the reduction pipeline and limits of the placer.
 
     Every pipeline step is on by default; ``allow_single`` returns the single-device plan
-    when it fits and is predicted faster than the algorithm's plan; ``portfolio`` also places
+    when it fits and is predicted faster than the algorithm's plan with its transfers ordered
+    (``transfer_order``); ``portfolio`` also places
     the unreduced graph and with m-fill, and keeps the fastest plan.
     """
 
