@@ -16,8 +16,8 @@ class Options(BaseModel):
 
     Every pipeline step is on by default; ``allow_single`` returns the single-device plan
     when it fits and is predicted faster than the algorithm's plan with its transfers ordered
-    (``transfer_order``); ``portfolio`` also places
-    the unreduced graph and with m-fill, and keeps the fastest plan.
+    (``transfer_order``); ``portfolio`` also places the unreduced graph and with m-fill, and
+    keeps the fastest plan.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
