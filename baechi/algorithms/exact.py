@@ -58,6 +58,7 @@ Examples
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -209,12 +210,17 @@ def place_exact(problem: Problem) -> Assignment:
     if not rounding:
         # every time is a whole number of ticks, so is every plan's step time: round up
         floor_us = _whole_ticks_above(floor_us * scale) / scale
+    hint_times = None
+    if hint is not None and hint_run is not None:
+        hint_times = _hint_times(problem, messages, scale, hint, hint_run)
+        # the hint's times in ticks may end a few ticks after its step time rounded
+        horizon_us = max(horizon_us, max(hint_times.end, default=0) / scale)
     try:
         _check_deadline(problem)
         built = _Model(problem, messages, scale, horizon_us, floor_us, rounding)
         _check_deadline(problem)
-        if hint is not None and hint_run is not None:
-            built.add_hint(hint, hint_run)
+        if hint is not None and hint_run is not None and hint_times is not None:
+            built.add_hint(hint, hint_run, hint_times)
             _check_deadline(problem)
     except _DeadlinePassed:
         # building a model of 177 ops on 14 devices took 0.8 s: past the deadline the
@@ -584,8 +590,9 @@ class _Model:
         for intervals in channel:
             model.AddNoOverlap(intervals)
 
-    def add_hint(self, hint: Assignment, run: Simulation) -> None:
-        """Warm start from the hint plan's placement, its replayed times and transfers."""
+    def add_hint(self, hint: Assignment, run: Simulation, times: _HintTimes) -> None:
+        """Warm start from the hint plan's placement, its replayed transfers, and its times in
+        ticks (``times``, :func:`_hint_times`)."""
         problem, model = self.problem, self.model
         label = _labels(problem, hint.device_of) if self.symmetric else \
             list(range(len(problem.cluster.devices)))
@@ -593,10 +600,11 @@ class _Model:
         unit_device = [label[hint.device_of[members[0]]] for members in problem.units.members]
         for (u, d), var in self.on.items():
             model.AddHint(var, unit_device[u] == d)
+        start, end = times.start, times.end
         for v in range(len(problem.graph)):
-            model.AddHint(self.start[v], self.ticks(run.start[v]))
-            model.AddHint(self.end[v], self.ticks(run.end[v]))
-        model.AddHint(self.makespan, self.ticks(run.estimate.step_time_us))
+            model.AddHint(self.start[v], start[v])
+            model.AddHint(self.end[v], end[v])
+        model.AddHint(self.makespan, max(end, default=0))
         graph, ticks = problem.graph, self.ticks
         # the least the model holds: what its constraints ask of the hint plan's times
         sent_elsewhere: dict[int, int] = {}  # op -> its longest cheapest transfer elsewhere
@@ -606,21 +614,20 @@ class _Model:
                 sent_elsewhere[m.src] = max(sent_elsewhere.get(m.src, 0), ticks(m.least_us))
         for v, (life, sizes) in self.life.items():
             d = hint.device_of[v]
-            held = max([ticks(run.end[v]) + sent_elsewhere.get(v, 0)]
-                       + [ticks(run.end[graph.edge_dst[k]]) for k in graph.out_edges[v]
+            held = max([end[v] + sent_elsewhere.get(v, 0)]
+                       + [end[graph.edge_dst[k]] for k in graph.out_edges[v]
                           if not graph.edge_control[k]
                           and hint.device_of[graph.edge_dst[k]] == d])
             model.AddHint(life, held)
             for var in sizes.values():
-                model.AddHint(var, held - ticks(run.start[v]))
+                model.AddHint(var, held - start[v])
         for (i, d), (present, first, size, last) in self.copies.items():
             m = self.messages[i]
             takers = [c for c in m.consumers if label[hint.device_of[c]] == d]
             held_there = bool(takers) and label[hint.device_of[m.src]] != d
             least = ticks(m.least_us)
-            begin = max(0, min(ticks(run.start[c]) for c in takers) - least) if held_there \
-                else 0
-            finish = max(ticks(run.end[c]) for c in takers) if held_there else 0
+            begin = max(0, min(start[c] for c in takers) - least) if held_there else 0
+            finish = max(end[c] for c in takers) if held_there else 0
             model.AddHint(present, held_there)
             model.AddHint(first, begin)
             model.AddHint(last, finish)
@@ -636,17 +643,14 @@ class _Model:
             model.AddHint(used, highest)
         if not self.channels:
             return
-        index = self.message_index
-        sent_at: dict[tuple[int, int], tuple[int, float]] = {}
+        sent_at: dict[tuple[int, int], tuple[int, int]] = {}
         t = run.transfers
-        for j in range(len(t)):
-            key = (t.src_op[j], None if t.control[j] else t.tensor[j], t.nbytes[j])
-            if key in index:
-                sent_at[index[key], label[t.dst_device[j]]] = (label[t.src_device[j]],
-                                                                t.start[j])
+        for j, i in enumerate(_message_of_transfers(run, self.message_index)):
+            if i is not None:
+                sent_at[i, label[t.dst_device[j]]] = (label[t.src_device[j]], times.send[j])
         for (i, dd), var in self.sends.items():
-            a, at = sent_at.get((i, dd), (-1, run.end[self.messages[i].src]))
-            model.AddHint(var, self.ticks(at))
+            a, at = sent_at.get((i, dd), (-1, end[self.messages[i].src]))
+            model.AddHint(var, at)
         for (i, a, dd), var in self.sent.items():
             model.AddHint(var, sent_at.get((i, dd), (-1, 0.0))[0] == a)
 
@@ -707,6 +711,118 @@ class _Model:
             lists[t.src_device[j]].append(keys[j])
             lists[t.dst_device[j]].append(keys[j])
         return lists
+
+
+@dataclass
+class _HintTimes:
+    """A hint plan's times in model ticks: per op its start and end, per transfer of its
+    replay (``run.transfers``) its send."""
+
+    start: list[int]
+    end: list[int]
+    send: list[int]
+
+
+def _message_of_transfers(run: Simulation, message_index: dict[tuple[Any, ...], int]
+                          ) -> list[int | None]:
+    """Per transfer of ``run``, the index of its message (``None``: the model has none)."""
+    t = run.transfers
+    return [message_index.get((t.src_op[j], None if t.control[j] else t.tensor[j],
+                               t.nbytes[j])) for j in range(len(t))]
+
+
+def _hint_times(problem: Problem, messages: list[Message], scale: int, hint: Assignment,
+                run: Simulation) -> _HintTimes:
+    """The times of the hint plan's replay ``run`` in ticks (``scale`` per µs), each the
+    replayed time rounded or later where the model's constraints in ticks ask for it: after
+    its producers' ends and transfers, its device's previous op, its channels' previous
+    messages (in the replay's order).
+
+    Rounding each time by itself can leave a consumer a tick short of its producer's end
+    plus the transfer (the durations are rounded on their own), and CP-SAT then repairs the
+    hint instead of starting from it: ``bert_l-3_training_operator``, reduced, on 2 + 2 mixed
+    devices (PCIe) at 80% and 50% of its peak, found its first solution after 1.9 s where the
+    hint is 256.2 ms and its optimum 122.7 ms. Each time is later than the rounded one by at
+    most half a tick per constraint on its longest chain. With a cycle among the orders
+    (ties of ops that take no time), the rounded times.
+
+    Examples
+    --------
+    At 10 ticks per µs, an op of 0.16 µs and a transfer of 0.16 µs are 2 ticks each, but its
+    consumer's start, 0.32 µs, rounds to 3 ticks: it starts at 4.
+
+    >>> from baechi import Cluster, load_graph
+    >>> from baechi.grouping import colocation_units
+    >>> g = load_graph({"format": "baechi.graph/v1",
+    ...     "ops": [{"name": "a", "compute_us": 0.16}, {"name": "b", "compute_us": 1}],
+    ...     "edges": [{"src": "a", "dst": "b", "bytes": 0}]})
+    >>> cluster = Cluster.uniform(2, latency_us=0.16, mode="parallel")
+    >>> problem = Problem.of(g, cluster, colocation_units(g, cluster))
+    >>> plan = Assignment([0, 1], [[0], [1]])
+    >>> run = replay(g, cluster, plan.device_of, plan.orders, problem.cost)
+    >>> times = _hint_times(problem, _messages(problem, problem.cost)[0], 10, plan, run)
+    >>> run.start[1], times.start, times.end
+    (0.32, [0, 4], [2, 14])
+    """
+    graph, cost, device_of = problem.graph, problem.cost, hint.device_of
+    n, t = len(graph), run.transfers
+
+    def ticks(us: float) -> int:
+        return round(us * scale)
+
+    size = [ticks(cost.op_us[device_of[v]][v]) for v in range(n)]
+    # nodes: the ops, then the transfers; arcs (to, least distance of the starts)
+    earliest = [ticks(x) for x in run.start] + [ticks(x) for x in t.start]
+    arcs: list[list[tuple[int, int]]] = [[] for _ in earliest]
+    for k in range(graph.num_edges):
+        arcs[graph.edge_src[k]].append((graph.edge_dst[k], size[graph.edge_src[k]]))
+    for m in messages:
+        a = device_of[m.src]
+        for c in m.consumers:
+            if device_of[c] != a:
+                arcs[m.src].append((c, size[m.src] + ticks(m.delays[a, device_of[c]])))
+    for order in hint.orders:
+        for v, w in itertools.pairwise(order):
+            arcs[v].append((w, size[v]))
+    if cost.sequential and not problem.relaxed:
+        on_channel: list[list[int]] = [[] for _ in problem.cluster.devices]
+        of_message = _message_of_transfers(run, {m.key: i for i, m in enumerate(messages)})
+        for j, i in enumerate(of_message):
+            if i is None:
+                continue
+            m, a, b = messages[i], t.src_device[j], t.dst_device[j]
+            node, length = n + j, ticks(m.delays[a, b])
+            arcs[m.src].append((node, size[m.src]))
+            for c in m.consumers:
+                if device_of[c] == b:
+                    arcs[node].append((c, length))
+            on_channel[a].append(j)
+            on_channel[b].append(j)
+        for booked in on_channel:
+            booked.sort(key=lambda j: (t.start[j], j))
+            for j, k in itertools.pairwise(booked):
+                i = of_message[j]
+                assert i is not None
+                arcs[n + j].append((n + k, ticks(messages[i].delays[t.src_device[j],
+                                                                    t.dst_device[j]])))
+    waiting = [0] * len(earliest)
+    for out in arcs:
+        for w, _ in out:
+            waiting[w] += 1
+    ready = [v for v, count in enumerate(waiting) if count == 0]
+    done = 0
+    while ready:
+        v = ready.pop()
+        done += 1
+        for w, gap in arcs[v]:
+            earliest[w] = max(earliest[w], earliest[v] + gap)
+            waiting[w] -= 1
+            if waiting[w] == 0:
+                ready.append(w)
+    if done < len(earliest):  # a cycle: the times rounded, as the replay has them
+        earliest = [ticks(x) for x in run.start] + [ticks(x) for x in t.start]
+    start = earliest[:n]
+    return _HintTimes(start, [s + z for s, z in zip(start, size, strict=True)], earliest[n:])
 
 
 def _own_hint(problem: Problem) -> tuple[Assignment, Simulation] | None:
