@@ -741,10 +741,10 @@ def _hint_times(problem: Problem, messages: list[Message], scale: int, hint: Ass
     Rounding each time by itself can leave a consumer a tick short of its producer's end
     plus the transfer (the durations are rounded on their own), and CP-SAT then repairs the
     hint instead of starting from it: ``bert_l-3_training_operator``, reduced, on 2 + 2 mixed
-    devices (PCIe) at 80% and 50% of its peak, found its first solution after 1.9 s (the hint
-    replays at 256.2 ms, the model's optimum at 122.7 ms). Each time is later than the rounded one by at
-    most half a tick per constraint on its longest chain. With a cycle among the orders
-    (ties of ops that take no time), the rounded times.
+    devices (PCIe) at 80% and 50% of its peak, found its first solution after 1.9 s (the
+    hint replays at 256.2 ms, the model's optimum at 122.7 ms). Each time is later than the
+    rounded one by at most half a tick per constraint on its longest chain. With a cycle
+    among the orders (ties of ops that take no time), the rounded times.
 
     Examples
     --------
