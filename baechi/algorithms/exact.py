@@ -425,7 +425,7 @@ class _Model:
 
     def ticks(self, us: float) -> int:
         """``us`` in the model's integer time units."""
-        return round(us * self.scale)
+        return _ticks(us, self.scale)
 
     def _delays(self, messages: list[Message], allowed: list[list[int]]) -> None:
         """A consumer on another device than its producer starts after the message arrives
@@ -645,14 +645,14 @@ class _Model:
             return
         sent_at: dict[tuple[int, int], tuple[int, int]] = {}
         t = run.transfers
-        for j, i in enumerate(_message_of_transfers(run, self.message_index)):
+        for j, i in enumerate(times.message):
             if i is not None:
                 sent_at[i, label[t.dst_device[j]]] = (label[t.src_device[j]], times.send[j])
         for (i, dd), var in self.sends.items():
             a, at = sent_at.get((i, dd), (-1, end[self.messages[i].src]))
             model.AddHint(var, at)
         for (i, a, dd), var in self.sent.items():
-            model.AddHint(var, sent_at.get((i, dd), (-1, 0.0))[0] == a)
+            model.AddHint(var, sent_at.get((i, dd), (-1, 0))[0] == a)
 
     def plan(self, solver: Any) -> _Solution:
         """The solution's device per op, each device's order (by start, end, topology), and
@@ -713,22 +713,21 @@ class _Model:
         return lists
 
 
+def _ticks(us: float, scale: int) -> int:
+    """``us`` in integer time units of ``scale`` per µs (the model's, and its hint's)."""
+    return round(us * scale)
+
+
 @dataclass
 class _HintTimes:
     """A hint plan's times in model ticks: per op its start and end, per transfer of its
-    replay (``run.transfers``) its send."""
+    replay (``run.transfers``) its send; and per transfer the index of its message in the
+    model's list (``None``: the model has none)."""
 
     start: list[int]
     end: list[int]
     send: list[int]
-
-
-def _message_of_transfers(run: Simulation, message_index: dict[tuple[Any, ...], int]
-                          ) -> list[int | None]:
-    """Per transfer of ``run``, the index of its message (``None``: the model has none)."""
-    t = run.transfers
-    return [message_index.get((t.src_op[j], None if t.control[j] else t.tensor[j],
-                               t.nbytes[j])) for j in range(len(t))]
+    message: list[int | None]
 
 
 def _hint_times(problem: Problem, messages: list[Message], scale: int, hint: Assignment,
@@ -768,11 +767,15 @@ def _hint_times(problem: Problem, messages: list[Message], scale: int, hint: Ass
     n, t = len(graph), run.transfers
 
     def ticks(us: float) -> int:
-        return round(us * scale)
+        return _ticks(us, scale)
 
     size = [ticks(cost.op_us[device_of[v]][v]) for v in range(n)]
+    index = {m.key: i for i, m in enumerate(messages)}
+    of_message = [index.get((t.src_op[j], None if t.control[j] else t.tensor[j], t.nbytes[j]))
+                  for j in range(len(t))]
     # nodes: the ops, then the transfers; arcs (to, least distance of the starts)
-    earliest = [ticks(x) for x in run.start] + [ticks(x) for x in t.start]
+    rounded = [ticks(x) for x in run.start] + [ticks(x) for x in t.start]
+    earliest = rounded.copy()
     arcs: list[list[tuple[int, int]]] = [[] for _ in earliest]
     for k in range(graph.num_edges):
         arcs[graph.edge_src[k]].append((graph.edge_dst[k], size[graph.edge_src[k]]))
@@ -786,7 +789,6 @@ def _hint_times(problem: Problem, messages: list[Message], scale: int, hint: Ass
             arcs[v].append((w, size[v]))
     if cost.sequential and not problem.relaxed:
         on_channel: list[list[int]] = [[] for _ in problem.cluster.devices]
-        of_message = _message_of_transfers(run, {m.key: i for i, m in enumerate(messages)})
         for j, i in enumerate(of_message):
             if i is None:
                 continue
@@ -820,9 +822,10 @@ def _hint_times(problem: Problem, messages: list[Message], scale: int, hint: Ass
             if waiting[w] == 0:
                 ready.append(w)
     if done < len(earliest):  # a cycle: the times rounded, as the replay has them
-        earliest = [ticks(x) for x in run.start] + [ticks(x) for x in t.start]
+        earliest = rounded
     start = earliest[:n]
-    return _HintTimes(start, [s + z for s, z in zip(start, size, strict=True)], earliest[n:])
+    return _HintTimes(start, [s + z for s, z in zip(start, size, strict=True)], earliest[n:],
+                      of_message)
 
 
 def _own_hint(problem: Problem) -> tuple[Assignment, Simulation] | None:
