@@ -10,11 +10,13 @@ wins, so ``auto`` is never slower than any candidate it ran):
    fuses away the parallelism of small graphs), m-SCT both ways (graphs up to
    :data:`SCT_MAX_OPS` ops: its LP grows super-linearly), and ``exact`` (CP-SAT, at most
    :data:`EXACT_MAX_S` seconds): on the graph itself when it has at most
-   :data:`~baechi.algorithms.exact.EXACT_MAX_OPS` ops, else on graphs the pipeline reduces
-   to :data:`EXACT_MAX_NODES` nodes or fewer; from its own start (m-ETF's plan, or m-fill's
-   when m-ETF's overshoots memory), as ``exact`` alone starts; on a reduced graph on the
-   relaxed model (``Problem.relaxed``: sequential mode's channels and received copies left
-   out), which finds faster plans in the time it gets here (see :data:`PORTFOLIO`). Each
+   :data:`~baechi.algorithms.exact.EXACT_MAX_OPS` ops (from :data:`REDUCED_FIRST_MIN_OPS`
+   ops up, first on the reduced graph, as named ``exact`` with the pipeline solves it, where
+   m-ETF's plan with the pipeline leads), else on graphs the pipeline reduces to
+   :data:`EXACT_MAX_NODES` nodes or fewer, on the relaxed model (``Problem.relaxed``:
+   sequential mode's channels and received copies left out), which finds faster plans in
+   the time it gets there (see :data:`PORTFOLIO`); from its own start (m-ETF's plan, or
+   m-fill's when m-ETF's overshoots memory), as ``exact`` alone starts. Each
    candidate after the first may use :data:`CANDIDATE_SHARE` of the time left, ``exact``
    :data:`EXACT_SHARE`. A candidate whose algorithm is not registered
    (:data:`baechi.algorithms.ALGORITHMS`) is skipped.
@@ -110,6 +112,25 @@ CUT_MAX_OPS = 500
 #: :data:`~baechi.algorithms.exact.EXACT_MAX_OPS` ops (a proof then holds for the request),
 #: else on the reduced graph when that has at most this many nodes.
 EXACT_MAX_NODES = 300
+
+#: On graphs of at least this many ops (and at most
+#: :data:`~baechi.algorithms.exact.EXACT_MAX_OPS`), ``auto`` runs ``exact`` on the reduced
+#: graph before the graph itself where the fastest plan so far is m-ETF's with the pipeline,
+#: faster by :data:`REDUCED_LEAD` than every plan of the graph itself: the reduction kept
+#: what fast plans need, and on fewer nodes CP-SAT improves on that plan in the time it
+#: gets, where on the graph itself it does not. gnmt_training_layer (192 ops, 94 nodes, 4
+#: devices, PCIe, 2 s): ``exact`` on the graph itself spent 1.33 s for a plan slower than its
+#: start, on the reduced graph 1.32 s for 376.0 ms from m-ETF's 378.7 ms; ``auto`` 377.8 ->
+#: 375.1 ms. Below this size ``exact`` on the graph itself proves or improves within its
+#: time, and the reduced graph's run only takes that time from it: without the floor,
+#: ``python bench/compare.py --all-memory`` on the graphs of up to 300 ops (132 settings at
+#: 2 s) gave stg50_rand0000 (NVLink) 6.7% slower, and the small cases of
+#: ``baechi.testing.small_cases`` (360, 10-40 ops) up to 3.5%.
+REDUCED_FIRST_MIN_OPS = 150
+
+#: The relative lead of m-ETF's plan with the pipeline over every plan of the graph itself
+#: above which ``exact`` runs on the reduced graph first (:data:`REDUCED_FIRST_MIN_OPS`).
+REDUCED_LEAD = 1e-3
 
 #: Seconds ``exact`` may take in ``auto`` at most (it stops earlier when it proves the
 #: optimum): on the STG graphs (50–100 ops, 4 devices) it proves most within this, and the
@@ -320,7 +341,9 @@ class Entry:
     on the same reduction);
     ``hinted`` gives the algorithm the best plan so far on the same reduction as a warm start
     (``Problem.hint``); ``last_resort`` lets it start after the deadline while no plan was
-    found; ``relaxed`` has it solve its relaxation (``Problem.relaxed``).
+    found; ``relaxed`` has it solve its relaxation (``Problem.relaxed``); ``if_reduced_leads``
+    skips it unless the fastest plan so far is m-ETF's with the pipeline, ahead of every plan
+    of the graph itself (:data:`REDUCED_FIRST_MIN_OPS`).
     """
 
     algorithm: str
@@ -333,6 +356,7 @@ class Entry:
     last_resort: bool = False
     relaxed: bool = False
     cap_scale: float = 1.0
+    if_reduced_leads: bool = False
 
 
 #: The candidates, in the order they run: the first plan as m-ETF gives it, then the cheap
@@ -370,6 +394,8 @@ PORTFOLIO: tuple[Entry, ...] = (
     Entry("m-etf", False),
     Entry("m-sct", True, max_ops=SCT_MAX_OPS),
     Entry("m-sct", False, max_ops=SCT_MAX_OPS),
+    Entry("exact", True, min_ops=REDUCED_FIRST_MIN_OPS, max_ops=EXACT_MAX_OPS,
+          max_seconds=EXACT_MAX_S, if_reduced_leads=True),
     Entry("exact", False, max_ops=EXACT_MAX_OPS, max_seconds=EXACT_MAX_S),
     Entry("exact", True, min_ops=EXACT_MAX_OPS + 1, max_nodes=EXACT_MAX_NODES,
           max_seconds=EXACT_MAX_S, relaxed=True),
@@ -479,6 +505,8 @@ def place_auto(request: Request) -> Outcome:
             continue
         if best is not None and meets_bound(best.simulation, _bound(request, runs)):
             break
+        if entry.if_reduced_leads and not _reduced_leads(best, runs):
+            continue
         if entry.algorithm == "exact" and not blind_done:
             blind()
         elif i > last_cheap and not blind_started and (
@@ -783,6 +811,16 @@ def _repairs(request: Request, starts: list[RepairStart], give_up_us: float
             seconds=time.perf_counter() - tick,
             note=f"from {label}" + ("" if start.estimate.memory_ok else ", over memory")
                  + ("" if simulation is not None else "; no faster plan within memory"))
+
+
+def _reduced_leads(best: Run | None, runs: list[Run]) -> bool:
+    """Whether the fastest plan so far (``best``) is m-ETF's with the reduction pipeline and
+    beats every plan of the graph itself in ``runs`` by :data:`REDUCED_LEAD` (see
+    :data:`REDUCED_FIRST_MIN_OPS`)."""
+    if best is None or best.algorithm != "m-etf" or not best.pipeline:
+        return False
+    own = [_step_of(r) for r in runs if r.simulation is not None and not r.pipeline]
+    return not own or _step_of(best) < (1 - REDUCED_LEAD) * min(own)
 
 
 def _step_of(run: Run | None) -> float:

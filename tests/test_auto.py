@@ -313,6 +313,33 @@ def test_relaxed_solver_run_is_followed_by_the_full_model(
     assert simulate(case.graph, plan).step_time_us == plan.estimate.step_time_us
 
 
+def test_exact_solves_the_reduced_graph_first_where_m_etfs_reduced_plan_leads(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ``if_reduced_leads`` entry runs exactly where the fastest plan so far is m-ETF's
+    with the pipeline, ahead of the graph's own by ``REDUCED_LEAD``; it then comes before
+    ``exact`` on the graph itself, and the plan returned is never slower than either."""
+    monkeypatch.setattr(auto, "PORTFOLIO", (
+        Entry("m-etf", True), Entry("m-etf", False),
+        Entry("exact", True, max_seconds=0.2, if_reduced_leads=True),
+        Entry("exact", False, max_seconds=0.2)))
+    outcomes = set()
+    for case in small_cases(seeds=1, ops=(20,), mode="sequential"):
+        if case.devices != 4 or case.ccr < 1:
+            continue
+        plan = place(case.graph, case.cluster, options={"time_limit_s": 1})
+        steps = {c.pipeline: c.step_time_us for c in plan.stats.candidates[:2]}
+        solved = [c.pipeline for c in plan.stats.candidates if c.algorithm == "exact"]
+        if not solved:  # a plan met the bound first
+            continue
+        leads = steps[True] < (1 - auto.REDUCED_LEAD) * steps[False]
+        assert solved[0] is leads, case.name
+        outcomes.add(leads)
+        found = [c.step_time_us for c in plan.stats.candidates if c.step_time_us is not None]
+        assert plan.estimate.step_time_us <= min(found)
+        assert simulate(case.graph, plan).step_time_us == plan.estimate.step_time_us
+    assert outcomes == {True, False}  # both branches seen
+
+
 def test_time_left_goes_to_the_solver_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """When local search stagnates before the deadline and ``exact`` ran without a proof,
     auto runs it again: first from its own start, then from each faster plan; the plan
