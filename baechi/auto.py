@@ -543,6 +543,8 @@ def place_auto(request: Request) -> Outcome:
             notes += [NO_FIT, *([SHARE_RAN_OUT] if share.expired() else [])]
         if _relaxed(request, entry):
             notes.append(_relaxed_note(request))
+        if run.algorithm_stats.get("fallback"):  # e.g. m-SCT's LP unsolved in its share
+            notes.append(run.algorithm_stats["fallback"])
         candidates.append(Candidate(
             algorithm=entry.algorithm, pipeline=run.pipeline, step_time_us=run.step_time_us,
             seconds=time.perf_counter() - tick, note="; ".join(notes)))

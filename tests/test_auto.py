@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from test_algorithms import check_plan, clusters, dags
 
 from baechi import Cluster, InfeasiblePlacement, auto, load_graph, place, simulate
-from baechi.algorithms import ALGORITHMS
+from baechi.algorithms import ALGORITHMS, sct
 from baechi.algorithms.base import Problem
 from baechi.auto import PORTFOLIO, Entry
 from baechi.defaults import DEFAULT_ALGORITHM
@@ -338,6 +338,17 @@ def test_exact_solves_the_reduced_graph_first_where_m_etfs_reduced_plan_leads(
         assert plan.estimate.step_time_us <= min(found)
         assert simulate(case.graph, plan).step_time_us == plan.estimate.step_time_us
     assert outcomes == {True, False}  # both branches seen
+
+
+def test_a_candidates_own_fallback_is_in_its_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A candidate that placed with another algorithm says so (m-SCT whose LP did not finish
+    within its share of the time: m-ETF's plan, which would otherwise pass for m-SCT's)."""
+    monkeypatch.setattr(auto, "PORTFOLIO", (Entry("m-etf", True), Entry("m-sct", False)))
+    monkeypatch.setattr(sct, "LP_SHARE", 1e-9)  # no time for the LP
+    doc = json.loads((DATA / "graphs" / "bert24_training_layer.json").read_text())
+    plan = place(doc, two_devices(), options={"time_limit_s": 2})
+    note = next(c.note for c in plan.stats.candidates if c.algorithm == "m-sct")
+    assert note.startswith("m-sct: LP not solved") and note.endswith("placed with m-etf")
 
 
 def test_time_left_goes_to_the_solver_again(monkeypatch: pytest.MonkeyPatch) -> None:
