@@ -5,9 +5,9 @@ wins, so ``auto`` is never slower than any candidate it ran):
 
 1. The candidates of :data:`PORTFOLIO`: m-ETF with the reduction pipeline (the first plan,
    as fast as m-ETF alone), then the cheap ones, m-TOPO and m-fill (memory first) with and
-   without the pipeline, then m-cut (m-fill's kind of plan with the cheapest cuts; on graphs
-   of up to :data:`CUT_MAX_NODES` ops or, with the pipeline, nodes), m-ETF on the unreduced
-   graph (the pipeline fuses away the parallelism of small graphs), m-SCT both ways (up to
+   without the pipeline, then m-cut (m-fill's kind of plan with the cheapest cuts; without
+   the pipeline up to :data:`CUT_MAX_OPS` ops), m-ETF on the unreduced graph (the pipeline
+   fuses away the parallelism of small graphs), m-SCT both ways (graphs up to
    :data:`SCT_MAX_OPS` ops: its LP grows super-linearly), and ``exact`` (CP-SAT, at most
    :data:`EXACT_MAX_S` seconds): on the graph itself when it has at most
    :data:`~baechi.algorithms.exact.EXACT_MAX_OPS` ops (from :data:`REDUCED_FIRST_MIN_OPS`
@@ -98,23 +98,19 @@ from baechi.simulate import Simulation
 #: (26 s on 30k ops with GLOP) and on the shared graphs it never beat m-ETF by much.
 SCT_MAX_OPS = 5000
 
-#: ``auto`` runs m-cut only on graphs of up to this many nodes: the graph's ops without the
-#: pipeline, the nodes it leaves with it. Each of m-cut's walks from a start position is as
-#: long as a device's stretch, and takes each unit with all its ops: pipedream_nasnetalarge
-#: (1,251 ops, 50% of its peak on 4 PCIe devices) took 0.67 s of the 2 s unreduced, which
-#: m-SCT and the repairs then lacked (334.7 -> 655.3 ms); on layered_s7_n2000_ccr0.3 of
-#: bench/generated.py (1,330 nodes reduced; 3 mixed speeds, 50%) its reduced run took 0.7 s
-#: and found no plan, and m-SCT's LP did not finish in what was left. Its plans won only on
-#: graphs of up to 326 ops unreduced and 47 nodes reduced (bench/results.csv). ``python
-#: bench/compare.py`` at 2 s (204 memory-limited settings), m-cut taking whole units with
-#: this cap unreduced against m-cut counting each stretch's positions up to 2,000 ops:
-#: geomean 1.0005 (21 faster, 28 slower, within the noise of two passes). The cap on the
-#: reduced graph too, on bench/generated.py's 2,000-op graphs (36 settings, 2 s, two passes
-#: on a machine 2.3x slower than the benchmarks'): geomean 0.995 and 0.998 (7 and 7 faster, 6
-#: and 2 slower, at most 0.9% and 0.3%); in both, layered_s7_n2000_ccr3 (3 mixed
-#: speeds, 50%) 31168 -> 29964 µs and fork_join_s7_n2000_ccr0.3 (4 devices) 13085-13090 ->
-#: 12864 µs. Of the shared graphs only gnmt_baechi reduces to more (574-582 nodes).
-CUT_MAX_NODES = 500
+#: ``auto`` runs m-cut on the unreduced graph only up to this many ops: each of its walks
+#: from a start position is as long as a device's stretch, and takes each unit with all its
+#: ops (pipedream_nasnetalarge, 1,251 ops, 50% of its peak on 4 PCIe devices: 0.67 s of the
+#: 2 s, which m-SCT and the repairs then lacked: 334.7 -> 655.3 ms). Its unreduced plans won
+#: only on graphs of up to 326 ops (bench/results.csv). ``python bench/compare.py`` at 2 s
+#: (204 memory-limited settings), m-cut taking whole units with this cap against m-cut
+#: counting each stretch's positions up to 2,000 ops: geomean 1.0005 (21 faster, 28 slower,
+#: within the noise of two passes). Its run with the pipeline has no cap: capped at this many
+#: nodes too, ``auto`` at 2 s on bench/generated.py's 2,000-op graphs (970-1,384 nodes,
+#: where that run took 0.4-0.7 s for no plan) gave geomean 0.995 and 0.998 in two passes
+#: (36 settings), but bench/clusters.py's gnmt_baechi (582 nodes) on the mixed cluster, PCIe,
+#: lost m-cut's 118.7 ms plan, the fastest named one: 144.9 ms.
+CUT_MAX_OPS = 500
 
 #: ``auto`` runs ``exact`` on the graph itself when it has at most
 #: :data:`~baechi.algorithms.exact.EXACT_MAX_OPS` ops (a proof then holds for the request),
@@ -390,16 +386,15 @@ class Entry:
 #: 0.983: resnet50_training_layer 454.8 -> 375.7 ms, resnet50_inference_layer 282.2 -> 255.5
 #: ms, inceptionv3_inference_layer at 75% 307.5 -> 290.5 ms), 18 faster and 20 slower (at
 #: most 2.5% but gnmt_baechi, NVLink, 75%: 80.6 -> 85.8 ms, the m-cut of its reduced graph
-#: taking 0.7 s of the 2 s with four memory retries; 80.6 ms both ways when rerun alone; it
-#: reduces to 582 nodes, where m-cut no longer runs: :data:`CUT_MAX_NODES`).
+#: taking 0.7 s of the 2 s with four memory retries; 80.6 ms both ways when rerun alone).
 PORTFOLIO: tuple[Entry, ...] = (
     Entry("m-etf", True),
     Entry("m-topo", True),
     Entry("m-topo", False),
     Entry("m-fill", False, last_resort=True),
     Entry("m-fill", True, last_resort=True),
-    Entry("m-cut", True, max_nodes=CUT_MAX_NODES),
-    Entry("m-cut", False, max_ops=CUT_MAX_NODES),
+    Entry("m-cut", True),
+    Entry("m-cut", False, max_ops=CUT_MAX_OPS),
     Entry("m-etf", False),
     Entry("m-sct", True, max_ops=SCT_MAX_OPS),
     Entry("m-sct", False, max_ops=SCT_MAX_OPS),

@@ -3,7 +3,6 @@ honoured by every placer, and a plan whenever the whole graph fits on one device
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
@@ -263,8 +262,8 @@ def test_ten_thousand_ops_under_tight_memory_answer() -> None:
 def test_when_no_cheap_entry_fits_the_first_blind_start_runs_next() -> None:
     """gnmt_baechi on 4 devices at 600 MiB (no network): m-ETF, m-TOPO and m-fill find no
     plan within memory; the repair of m-ETF's plan of the reduced graph placed as if memory
-    were unlimited runs right after them, before the costlier entries (m-ETF unreduced,
-    m-SCT) take the time, and it keeps m-ETF's parallelism: faster than one device."""
+    were unlimited runs right after them, before the costlier entries (m-cut, m-ETF
+    unreduced, m-SCT) take the time, and it keeps m-ETF's parallelism: faster than one device."""
     cluster = {"devices": {"count": 4, "memory_bytes": "600MiB"}}
     plan = place(json.loads(GNMT.read_text()), cluster, "auto", {"time_limit_s": 5})
     ran = [(c.algorithm, c.pipeline, c.note) for c in plan.stats.candidates]
@@ -274,8 +273,8 @@ def test_when_no_cheap_entry_fits_the_first_blind_start_runs_next() -> None:
     assert all(note == auto.NO_FIT for _, _, note in ran[:5])
     assert ran[5][:2] == ("repair", True)
     assert ran[5][2].startswith("from m-etf's plan placed as if memory were unlimited")
-    # the costlier entries after it (no m-cut: the reduction leaves over CUT_MAX_NODES nodes)
-    assert ran[6][:2] == ("m-etf", False)
+    assert ran[6][:2] == ("m-cut", True)  # the costlier entries after it
+    assert [(a, p) for a, p, _ in ran].index(("m-etf", False)) > 6
     repaired = plan.stats.candidates[5].step_time_us
     assert repaired is not None and repaired < plan.estimate.single_device_us
     assert plan.estimate.memory_ok and plan.estimate.step_time_us <= repaired
@@ -355,16 +354,13 @@ def test_a_candidates_own_fallback_is_in_its_note(monkeypatch: pytest.MonkeyPatc
 def test_an_entry_is_skipped_where_the_reduction_leaves_more_nodes_than_its_cap(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``max_nodes`` skips an entry on a reduction (known from an earlier candidate's) of
-    more nodes than that, and runs it on one of as many: m-cut's with the pipeline is capped
-    at ``CUT_MAX_NODES``, its walks growing with the units."""
-    cut = next(e for e in PORTFOLIO if e.algorithm == "m-cut" and e.pipeline)
-    assert cut.max_nodes == auto.CUT_MAX_NODES
+    more nodes than that, and runs it on one of as many."""
     doc = json.loads((DATA / "graphs" / "bert24_training_layer.json").read_text())
     nodes = place(doc, two_devices(), "m-etf").stats.nodes[-1].nodes
     assert nodes < len(doc["ops"])  # reduced
     for cap, runs in ((nodes - 1, False), (nodes, True)):
         monkeypatch.setattr(auto, "PORTFOLIO", (
-            Entry("m-etf", True), dataclasses.replace(cut, max_nodes=cap)))
+            Entry("m-etf", True), Entry("m-cut", True, max_nodes=cap)))
         plan = place(doc, two_devices(), options={"time_limit_s": 1})
         assert any(c.algorithm == "m-cut" for c in plan.stats.candidates) is runs, cap
 
@@ -501,7 +497,7 @@ def test_when_m_etfs_plan_overshoots_its_blind_repair_runs_before_the_costlier_e
     """gnmt_baechi on 4 NVLink devices at 75% of its single-device peak: m-ETF's plan
     overshoots memory and only m-fill's fits among the cheap entries (contiguous segments,
     no parallelism). The repair of m-ETF's plan of the reduced graph placed as if memory
-    were unlimited runs right after them, before m-ETF unreduced and m-SCT take the
+    were unlimited runs right after them, before m-cut, m-ETF unreduced and m-SCT take the
     time (on a slow machine they left it none), and beats m-fill's plan."""
     cluster = {"devices": {"count": 4, "memory_bytes": 688_269_312},
                "network": {"latency_us": 10, "bandwidth_gbps": 150}}
@@ -515,7 +511,7 @@ def test_when_m_etfs_plan_overshoots_its_blind_repair_runs_before_the_costlier_e
     assert fill is not None
     assert (ran[5].algorithm, ran[5].pipeline) == ("repair", True)
     assert ran[5].note.startswith("from m-etf's plan placed as if memory were unlimited")
-    assert (ran[6].algorithm, ran[6].pipeline) == ("m-etf", False)  # m-cut: CUT_MAX_NODES
+    assert (ran[6].algorithm, ran[6].pipeline) == ("m-cut", True)
     repaired = ran[5].step_time_us
     assert repaired is not None and repaired < fill
     assert plan.estimate.memory_ok and plan.estimate.step_time_us <= repaired
