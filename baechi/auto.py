@@ -825,8 +825,8 @@ def _reduced_leads(best: Run | None, runs: list[Run]) -> bool:
     :data:`REDUCED_FIRST_MIN_OPS`)."""
     if best is None or best.algorithm != "m-etf" or not best.pipeline:
         return False
-    own = [_step_of(r) for r in runs if r.simulation is not None and not r.pipeline]
-    return not own or _step_of(best) < (1 - REDUCED_LEAD) * min(own)
+    own = min((_step_of(r) for r in runs if not r.pipeline), default=math.inf)
+    return _step_of(best) < (1 - REDUCED_LEAD) * own
 
 
 def _step_of(run: Run | None) -> float:
