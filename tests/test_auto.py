@@ -99,7 +99,10 @@ def test_a_plan_whenever_the_whole_graph_fits_on_one_device(
     parsed = Cluster.parse(cluster)
     fits = any(d.memory_bytes is None or single_device_run(graph, parsed, i)[1] <= d.memory_bytes
                for i, d in enumerate(parsed.devices))
-    options = {"co_placement": pipeline, "fusion": pipeline, "allow_single": pipeline}
+    # a short deadline keeps the solver's examples quick (exact under tight memory on 10 ops
+    # ran to the default 60 s without a proof); the last resort, m-fill, still runs past it
+    options = {"co_placement": pipeline, "fusion": pipeline, "allow_single": pipeline,
+               "time_limit_s": 0.5}
     try:
         plan = place(doc, cluster, algorithm, options)
     except InfeasiblePlacement:
