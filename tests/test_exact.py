@@ -293,6 +293,24 @@ def test_generated_tiny_graphs_with_memory_against_brute_force(shape: str) -> No
     assert fits  # the cases exercise plans under a limit, not only refusals
 
 
+
+def test_a_memory_retry_keeps_the_bound_proved_at_the_limits() -> None:
+    """The first plan overshoots under the simulator, so the request is solved again with
+    lower budgets, where the model cuts off plans the request allows: the bound proved at
+    the devices' limits is the one reported (it stays below every plan that fits)."""
+    doc = with_memory(GENERATORS["fork_join"](seed=0, ops=8, ccr=1.0))
+    peak = single_device_run(load_graph(doc), Cluster.uniform(1))[1]
+    cluster = small_cluster(2, memory_bytes=int(0.6 * peak))
+    problem = problem_of(doc, cluster, time_limit_s=10)
+    first = place_exact(problem)  # at the limits, as the request's first attempt
+    assert first.stats["solver_status"] == "OPTIMAL"
+    assert not replayed(problem, first).estimate.memory_ok
+    plan = baechi.place(doc, cluster, "exact", {"time_limit_s": 10, "co_placement": False,
+                                                "fusion": False, "allow_single": False})
+    assert plan.stats.memory_retries >= 1
+    best, _, _ = brute_force(problem.graph, problem.cluster, problem.units)
+    assert first.stats["bound_us"] <= plan.stats.bound_us <= best * (1 + SLACK)
+
 # ----------------------------------------------------------------- hints, limits, budgets
 @SETTINGS
 @given(st.sampled_from(sorted(GENERATORS)), st.integers(0, 5),
