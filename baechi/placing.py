@@ -210,7 +210,7 @@ def run_algorithm(
     over_error: InfeasiblePlacement | None = None  # why the last plan was refused
     refused: Simulation | None = None  # the refused plan that overshot least
     first_refused: Simulation | None = None  # the plan placed within the true limits
-    bound: dict[str, float] = {}  # the highest bound_us an attempt proved, once one did
+    bound_us = 0.0  # the highest bound an attempt proved (stats' bound_us)
     for attempt in range(MEMORY_RETRIES + 1):
         tick = time.perf_counter()
         short: InfeasiblePlacement | None = None  # the placer's own refusal, with its plan
@@ -223,14 +223,13 @@ def run_algorithm(
                 exc = over_error or InfeasiblePlacement(f"{algorithm}: {exc.message}",
                                                         exc.details)
             if exc.plan is None:
+                proved = {"bound_us": bound_us} if bound_us else {}
                 return Run(algorithm, options, reduction, None, exc, attempt,
-                           for_the_request(bound, reduction), seconds, refused=refused,
+                           for_the_request(proved, reduction), seconds, refused=refused,
                            first_refused=first_refused)
             short, assignment = exc, exc.plan
         if "bound_us" in assignment.stats:
-            assignment.stats["bound_us"] = max(assignment.stats["bound_us"],
-                                               bound.get("bound_us", 0.0))
-            bound["bound_us"] = assignment.stats["bound_us"]
+            bound_us = assignment.stats["bound_us"] = max(bound_us, assignment.stats["bound_us"])
         seconds["place"] = seconds.get("place", 0.0) + time.perf_counter() - tick
         tick = time.perf_counter()
         device_of, orders = reduction.expand(assignment.device_of, assignment.orders)

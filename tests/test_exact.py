@@ -293,7 +293,6 @@ def test_generated_tiny_graphs_with_memory_against_brute_force(shape: str) -> No
     assert fits  # the cases exercise plans under a limit, not only refusals
 
 
-
 def test_a_memory_retry_keeps_the_bound_proved_at_the_limits() -> None:
     """The first plan overshoots under the simulator, so the request is solved again with
     lower budgets, where the model cuts off plans the request allows: the bound proved at
