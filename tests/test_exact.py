@@ -310,6 +310,7 @@ def test_a_memory_retry_keeps_the_bound_proved_at_the_limits() -> None:
     best, _, _ = brute_force(problem.graph, problem.cluster, problem.units)
     assert first.stats["bound_us"] <= plan.stats.bound_us <= best * (1 + SLACK)
 
+
 # ----------------------------------------------------------------- hints, limits, budgets
 @SETTINGS
 @given(st.sampled_from(sorted(GENERATORS)), st.integers(0, 5),
