@@ -190,7 +190,8 @@ def _order_transfers(request: Request, result: _Result, quick: bool = False) -> 
 
 def _order_portfolio(request: Request, outcome: Outcome, result: _Result) -> _Result:
     """The post-pass of ``auto``'s plan (:func:`_order_transfers`), with the plans it passed
-    over as rivals: ``auto`` compares its candidates under FIFO channels, and one it passed
+    over as rivals: ``auto`` compares its candidates under FIFO channels (a plan that fits
+    memory only in its placer's channel order, in that order), and one it passed
     over may beat the chosen one once both keep their best transfer order (``auto`` is then
     never slower than a named algorithm, which gets the same post-pass). Each plan first gets
     the quick pass (two replays: its placer's channel order and :data:`~baechi.ordering.QUICK`),

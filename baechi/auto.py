@@ -889,9 +889,11 @@ def _bound(request: Request, runs: list[Run]) -> float:
 
 
 def _search(request: Request, simulation: Simulation) -> tuple[Simulation, Candidate | None]:
-    """Local search from ``simulation``'s plan in slices (see the module docstring)."""
+    """Local search from ``simulation``'s plan in slices (see the module docstring). None
+    from a plan that fits memory only in its own transfer order: the search judges moves
+    under FIFO channels."""
     graph, cluster = request.graph, request.cluster
-    if len(cluster.devices) < 2 or request.expired():
+    if len(cluster.devices) < 2 or request.expired() or simulation.transfer_order is not None:
         return simulation, None
     tick = time.perf_counter()
     device_of, orders = simulation.device_of, simulation.orders

@@ -117,14 +117,17 @@ def order_transfers(
     mode: Literal["fifo", "model-aware"] = "model-aware",
     proposed: list[list[TransferKey]] | None = None, quick: bool = False,
 ) -> OrderOutcome:
-    """The plan of ``simulation`` (a FIFO replay) with the fastest transfer order found.
+    """The plan of ``simulation`` with the fastest transfer order found.
 
     Parameters
     ----------
     cost : CostModel
         The request's cost model (the graph and cluster of ``simulation``).
     simulation : Simulation
-        The plan's FIFO replay.
+        The plan's FIFO replay, or its replay in its placer's channel order, which is then
+        the ``proposed`` one. When the placement's FIFO replay exceeds a device's memory,
+        FIFO is no option: the plan keeps that order or a faster one that fits
+        (``fifo_step_time_us`` is then ``None``, ``note`` says why).
     deadline : float
         A :func:`time.perf_counter` value: no replay starts after it.
     mode : {"model-aware", "fifo"}
@@ -143,9 +146,13 @@ def order_transfers(
     """
     if not cost.sequential:
         return OrderOutcome(simulation, None)
+    placed = simulation if simulation.transfer_order is not None else None
+    if placed is not None:  # the candidates are built from the placement's FIFO replay
+        proposed = placed.transfer_order
+        simulation = replay(cost.graph, cost.cluster, placed.device_of, placed.orders, cost)
+        if not simulation.estimate.memory_ok:
+            return _beyond_fifo(cost, simulation, placed, deadline, mode, quick)
     fifo_us = simulation.estimate.step_time_us
-    if simulation.transfer_order is not None:
-        raise ValueError("order_transfers starts from a FIFO replay")
     channels = simulation.channel_orders()
     if mode == "fifo" or all(len(channel) < 2 for channel in channels):
         return OrderOutcome(simulation, "fifo", fifo_us)
@@ -156,6 +163,26 @@ def order_transfers(
     search.run(proposed, quick)
     kept: Kept = "fifo" if search.best is simulation else "model-aware"
     return OrderOutcome(search.best, kept, fifo_us, search.note, search.tried)
+
+
+def _beyond_fifo(cost: CostModel, fifo: Simulation, placed: Simulation, deadline: float,
+                 mode: Literal["fifo", "model-aware"], quick: bool) -> OrderOutcome:
+    """:func:`order_transfers` for a plan that fits memory in its own channel order but not
+    under FIFO (``fifo``): it keeps that order, or a faster candidate that fits too."""
+    if mode == "fifo":
+        raise ValueError("the plan fits memory only in its own transfer order, not under FIFO")
+    search = _Search(cost, fifo, deadline)
+    search.best = placed
+    if time.perf_counter() < deadline:
+        search.run(None, quick)
+    return OrderOutcome(search.best, "model-aware", None, search.note or FIFO_OVERSHOOTS,
+                        search.tried)
+
+
+#: ``transfer_order_note`` of a plan that fits memory only in its transfer order.
+FIFO_OVERSHOOTS = ("with FIFO channels this placement would exceed a device's memory (a "
+                   "received copy is held from its transfer's start): it keeps its placer's "
+                   "transfer order, or a faster one that fits")
 
 
 class _Search:

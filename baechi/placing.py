@@ -20,10 +20,10 @@ from typing import Any
 
 from baechi.algorithms import get_algorithm
 from baechi.algorithms.base import Assignment, Problem, Progress
-from baechi.bounds import step_bound_us
+from baechi.bounds import meets_bound, step_bound_us
 from baechi.cluster import Cluster
 from baechi.costmodel import CostModel, persistent_bytes_by
-from baechi.errors import InfeasiblePlacement
+from baechi.errors import InfeasiblePlacement, InvalidPlan
 from baechi.graph import Graph
 from baechi.grouping import Units, colocation_units
 from baechi.options import Options
@@ -125,9 +125,11 @@ class Request:
         return Problem.of(reduction.graph, self.cluster, reduction.units, memo=reduction.memo,
                           **kwargs)
 
-    def replay(self, device_of: list[int], orders: list[list[int]]) -> Simulation:
-        """The simulator's replay of a plan of this request's graph (the judge)."""
-        return replay(self.graph, self.cluster, device_of, orders, self.cost)
+    def replay(self, device_of: list[int], orders: list[list[int]],
+               transfer_order: list[list[TransferKey]] | None = None) -> Simulation:
+        """The simulator's replay of a plan of this request's graph (the judge), with FIFO
+        channels unless a ``transfer_order`` is given."""
+        return replay(self.graph, self.cluster, device_of, orders, self.cost, transfer_order)
 
 
 @dataclass(frozen=True)
@@ -186,19 +188,27 @@ def run_algorithm(
 ) -> Run:
     """Reduce, place with ``algorithm``, expand and replay; re-place with tighter budgets
     while the plan overshoots memory (at most :data:`MEMORY_RETRIES` times, none started
-    after the deadline). The placer's time limit is what is left until the deadline.
+    after the deadline but a last resort's). The placer's time limit is what is left until
+    the deadline.
 
     ``hint`` (an assignment of the same reduction) is passed as ``Problem.hint``, and
     ``relaxed`` as ``Problem.relaxed``; ``cap_scale`` scales the reduction's merge cap
     (:meth:`Request.reduction`). The placer stops at the deadline
     (``Problem.deadline``), except a ``last_resort`` (m-fill, linear, while a request has no
-    plan), whose first placement always completes so that a request has a plan to return.
+    plan), whose placements and memory retries always complete so that a request has a plan
+    to return (``exact`` named at ``time_limit_s`` 2 on a 6-op fork-join, sequential, 2
+    devices at 60% of its peak, spent the time on its own retries; m-fill's first plan
+    overshot and its retry, which fits, was not started).
 
     Returns a :class:`Run` whose ``simulation`` fits every device, or whose ``error`` says
-    by how much the last plan did not. Its stats' ``bound_us`` is the highest any attempt
-    proved: a retry's lower budgets cut off plans the request allows, so what a solver
-    proves there holds for fewer plans (``exact`` on a fork-join of 8 ops, 2 devices at 60%
-    of its peak: 111 µs proved at the limits, 104 µs after the retry).
+    by how much the last plan did not. A plan is judged under FIFO channels. One that fits
+    only in its placer's channel order (:func:`_in_placer_order`; the simulation then
+    carries that order) is held while the retries look for a faster one that fits under
+    FIFO (at once returned when it meets the proved bound), and returned unless they find
+    one. Its stats' ``bound_us`` is the highest any attempt proved: a retry's
+    lower budgets cut off plans the request allows, so what a solver proves there holds for
+    fewer plans (``exact`` on a fork-join of 8 ops, 2 devices at 60% of its peak: 111 µs
+    proved at the limits, 104 µs after the retry).
     """
     cluster = request.cluster
     reduction, seconds = request.reduction(options, cap_scale)
@@ -211,6 +221,20 @@ def run_algorithm(
     refused: Simulation | None = None  # the refused plan that overshot least
     first_refused: Simulation | None = None  # the plan placed within the true limits
     bound_us = 0.0  # the highest bound an attempt proved (stats' bound_us)
+    held: Run | None = None  # the fastest plan that fits only in its placer's channel order
+    held_us = math.inf  # its step time
+
+    def end(run: Run) -> Run:
+        """``run``, or the held plan when ``run`` has none or a slower one (with the bound
+        ``run`` reports, the highest proved)."""
+        if held is None or (run.simulation is not None and
+                            run.simulation.estimate.step_time_us <= held_us):
+            return run
+        proved = {key: value for key, value in run.algorithm_stats.items()
+                  if key in ("bound_us", "reduced_bound_us")}
+        return dataclasses.replace(held, memory_retries=run.memory_retries,
+                                   algorithm_stats={**held.algorithm_stats, **proved})
+
     for attempt in range(MEMORY_RETRIES + 1):
         tick = time.perf_counter()
         short: InfeasiblePlacement | None = None  # the placer's own refusal, with its plan
@@ -224,9 +248,9 @@ def run_algorithm(
                                                         exc.details)
             if exc.plan is None:
                 proved = {"bound_us": bound_us} if bound_us else {}
-                return Run(algorithm, options, reduction, None, exc, attempt,
-                           for_the_request(proved, reduction), seconds, refused=refused,
-                           first_refused=first_refused)
+                return end(Run(algorithm, options, reduction, None, exc, attempt,
+                               for_the_request(proved, reduction), seconds, refused=refused,
+                               first_refused=first_refused))
             short, assignment = exc, exc.plan
         if "bound_us" in assignment.stats:
             bound_us = assignment.stats["bound_us"] = max(bound_us, assignment.stats["bound_us"])
@@ -234,30 +258,55 @@ def run_algorithm(
         tick = time.perf_counter()
         device_of, orders = reduction.expand(assignment.device_of, assignment.orders)
         simulation = request.replay(device_of, orders)
-        seconds["simulate"] = seconds.get("simulate", 0.0) + time.perf_counter() - tick
         over = overshoot(simulation, cluster)
+        ordered = _in_placer_order(request, options, reduction, assignment) if over else None
+        seconds["simulate"] = seconds.get("simulate", 0.0) + time.perf_counter() - tick
+        stats = for_the_request(assignment.stats, reduction)
         if not over:
-            return Run(algorithm, options, reduction, simulation, None, attempt,
-                       for_the_request(assignment.stats, reduction), seconds, assignment)
+            return end(Run(algorithm, options, reduction, simulation, None, attempt, stats,
+                           seconds, assignment))
+        if ordered is not None and not overshoot(ordered, cluster) and \
+                ordered.estimate.step_time_us < held_us:
+            held = Run(algorithm, options, reduction, ordered, None, attempt, stats, seconds,
+                       assignment)
+            held_us = ordered.estimate.step_time_us
+            if meets_bound(ordered, bound_us):  # a retry cannot find a faster plan
+                return end(held)
         over_error = short or over_limit_error(request, simulation, over, algorithm)
         if refused is None or sum(over.values()) < sum(overshoot(refused, cluster).values()):
             refused = simulation
         if first_refused is None:
             first_refused = simulation
         # a plan its placer knew to overshoot is not placed again with less memory
-        if short is not None or attempt == MEMORY_RETRIES or request.expired():
-            return Run(algorithm, options, reduction, None, over_error, attempt,
-                       for_the_request(assignment.stats, reduction), seconds, refused=refused,
-                       first_refused=first_refused)
+        if short is not None or attempt == MEMORY_RETRIES or (
+                request.expired() and not last_resort):
+            return end(Run(algorithm, options, reduction, None, over_error, attempt, stats,
+                           seconds, refused=refused, first_refused=first_refused))
         budget = list(problem.budget)
         for d, excess in over.items():
             # the placer's memory model can be off by more than the overshoot it was told
             limit = cluster.devices[d].memory_bytes or 0
             budget[d] -= max(excess * 1.05, 0.02 * limit)
-        problem = dataclasses.replace(problem, budget=budget, deadline=request.deadline,
+        problem = dataclasses.replace(problem, budget=budget,
                                       time_limit_s=_time_limit(request, options))
         request.progress("place", 0.0)
     raise AssertionError("unreachable")
+
+
+def _in_placer_order(request: Request, options: Options, reduction: Reduction,
+                     assignment: Assignment) -> Simulation | None:
+    """The replay of ``assignment`` in the channel order its placer scheduled (``exact``'s),
+    where the options let a plan keep one: a plan may fit memory in that order only (a
+    received copy is held from its transfer's start). ``None`` where there is no such order
+    (FIFO wanted, parallel mode, a reduction that merged ops) or the simulator rejects it."""
+    if options.transfer_order != "model-aware" or not request.cost.sequential or \
+            reduction.members is not None or assignment.transfer_order is None:
+        return None
+    try:
+        return request.replay(assignment.device_of, assignment.orders,
+                              assignment.transfer_order)
+    except InvalidPlan:  # an order that deadlocks is no plan
+        return None
 
 
 def for_the_request(algorithm_stats: dict[str, Any], reduction: Reduction) -> dict[str, Any]:

@@ -163,10 +163,13 @@ class PlanStats(BaseModel):
     #: Sequential mode, step-time objective: the channel order the plan keeps, ``"fifo"``
     #: (first come, first served; no ``transfer_order`` in the plan) or ``"model-aware"``
     #: (the plan's ``transfer_order``, kept because it replays strictly faster); ``None``
-    #: where there are no channels to order. ``fifo_step_time_us``: the step time with FIFO.
+    #: where there are no channels to order. ``fifo_step_time_us``: the step time with FIFO;
+    #: ``None`` where the placement fits memory only in its transfer order (FIFO would exceed
+    #: a device's memory; ``transfer_order_note`` says so).
     transfer_order: Literal["fifo", "model-aware"] | None = None
     fifo_step_time_us: float | None = None
-    #: Why model-aware ordering was not tried or cut short (the deadline), when it was.
+    #: Why model-aware ordering was not tried or cut short (the deadline), when it was, or
+    #: why FIFO was no option.
     transfer_order_note: str | None = None
 
 

@@ -332,6 +332,28 @@ def test_fill_walks_past_an_op_that_fits_nowhere_and_hands_over_its_plan() -> No
     assert not run.refused.estimate.memory_ok
 
 
+def test_a_last_resort_retries_memory_past_the_deadline() -> None:
+    """m-fill's first plan of this fork-join overshoots a device by 150 bytes and its retry
+    with a lower budget fits. As the last resort it runs past the deadline, and so does the
+    retry: a request must have a plan when one fits (the retry used to be skipped, and named
+    ``exact`` at 2 s had no plan here)."""
+    from baechi.options import Options
+    from baechi.placing import Request, run_algorithm
+    from baechi.testing import small_cluster, with_memory
+
+    graph = load_graph(with_memory(GENERATORS["fork_join"](seed=1, ops=6, ccr=10.0)))
+    peak = single_device_run(graph, Cluster.uniform(1))[1]
+    cluster = Cluster.parse(small_cluster(2, "sequential", memory_bytes=int(0.6 * peak)))
+    options = Options(co_placement=False, fusion=False, time_limit_s=0.001)
+    request = Request.of(graph, cluster, options, time.perf_counter() - 1, lambda *_: None)
+    assert request.expired()
+    past = run_algorithm(request, "m-fill", options)
+    assert past.simulation is None and past.memory_retries == 0  # no retry past it...
+    run = run_algorithm(request, "m-fill", options, last_resort=True)
+    assert run.memory_retries == 1 and run.simulation is not None  # ...but the last resort's
+    assert run.simulation.estimate.memory_ok
+
+
 def test_fallback_chain_ends_with_m_fill_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     """A placer whose plans never fit: place() tries the unreduced graph, then m-fill."""
     from baechi.algorithms import ALGORITHMS as registry

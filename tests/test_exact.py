@@ -27,6 +27,7 @@ from baechi.algorithms.base import Assignment, Problem
 from baechi.algorithms.etf import place_etf
 from baechi.algorithms.exact import EXACT_MAX_OPS, _own_hint, place_exact
 from baechi.grouping import colocation_units
+from baechi.ordering import FIFO_OVERSHOOTS
 from baechi.simulate import check_constraints, check_orders, replay, single_device_run
 from baechi.testing import (
     GENERATORS,
@@ -309,6 +310,31 @@ def test_a_memory_retry_keeps_the_bound_proved_at_the_limits() -> None:
     assert plan.stats.memory_retries >= 1
     best, _, _ = brute_force(problem.graph, problem.cluster, problem.units)
     assert first.stats["bound_us"] <= plan.stats.bound_us <= best * (1 + SLACK)
+
+
+
+@pytest.mark.parametrize("algorithm", ["exact", "auto"])
+def test_a_plan_that_fits_only_in_its_transfer_order_is_returned(algorithm: str) -> None:
+    """Sequential mode: the placement exact proves optimal fits memory in its own channel
+    order, and overshoots under FIFO (a received copy is held from its transfer's start).
+    It used to be judged under FIFO only, refused, and retried into mirror images of itself:
+    no plan, where brute force finds one under FIFO (311 µs) and exact one of 165 µs."""
+    doc = with_memory(GENERATORS["layered"](seed=1, ops=6, ccr=10.0))
+    peak = single_device_run(load_graph(doc), Cluster.uniform(1))[1]
+    cluster = small_cluster(2, "sequential", memory_bytes=int(0.6 * peak))
+    options = {"time_limit_s": 10, "co_placement": False, "fusion": False}
+    plan = baechi.place(doc, cluster, algorithm, options)
+    assert plan.estimate.memory_ok and plan.transfer_order is not None
+    assert baechi.simulate(doc, plan.model_dump()) == plan.estimate
+    fifo = baechi.simulate(doc, plan.model_copy(update={"transfer_order": None}).model_dump())
+    assert not fifo.memory_ok
+    stats = plan.stats
+    assert stats.transfer_order == "model-aware" and stats.fifo_step_time_us is None
+    assert stats.transfer_order_note == FIFO_OVERSHOOTS
+    problem = problem_of(doc, cluster)
+    best_fifo, _, _ = brute_force(problem.graph, problem.cluster, problem.units)
+    assert plan.estimate.step_time_us < best_fifo
+    assert stats.optimal is True and plan.estimate.step_time_us == stats.bound_us
 
 
 # ----------------------------------------------------------------- hints, limits, budgets
