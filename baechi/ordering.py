@@ -175,8 +175,8 @@ def _beyond_fifo(cost: CostModel, fifo: Simulation, placed: Simulation, deadline
     search.best = placed
     if time.perf_counter() < deadline:
         search.run(None, quick)
-    return OrderOutcome(search.best, "model-aware", None, search.note or FIFO_OVERSHOOTS,
-                        search.tried)
+    note = FIFO_OVERSHOOTS if search.note is None else f"{FIFO_OVERSHOOTS}; {search.note}"
+    return OrderOutcome(search.best, "model-aware", None, note, search.tried)
 
 
 #: ``transfer_order_note`` of a plan that fits memory only in its transfer order.
