@@ -11,9 +11,11 @@ prove are left out there. Here the optimum comes from enumeration
 orders, each replayed by the simulator), and every case counts, proved or not: graphs of
 :data:`baechi.testing.GENERATORS` with :func:`~baechi.testing.with_memory`, at the sizes,
 device counts and memory shares of :data:`SETTINGS`, CCR 0.1, 1 and 10, links of 1 µs per
-byte (:func:`~baechi.testing.small_cluster`), parallel mode: in sequential mode a plan also
-orders each channel's transfers (the transfer-order post-pass, ``exact``'s channel order),
-which the enumeration does not cover, so there ``auto`` beats its "optimum". The columns are
+byte (:func:`~baechi.testing.small_cluster`), parallel mode. Then the same cases in
+sequential mode, where a plan also orders each channel's transfers (the transfer-order
+post-pass, ``exact``'s channel order) and the enumeration covers FIFO channels only: there the
+reference is the best FIFO plan, which a plan can beat, and a plan can fit where no FIFO plan
+does (a received copy is held from its transfer's start). The columns are
 ``bench/optima.py``'s. Writes ``bench/fragments/optima_brute.md`` (first line: the command;
 named so that BENCHMARKS.md, which takes the fragments in name order, puts it after
 ``bench/optima.py``'s).
@@ -55,8 +57,10 @@ SETTINGS = tuple(Setting(ops, devices, share)
 CCRS = (0.1, 1.0, 10.0)
 
 
-def rows(seeds: int, seconds: float, auto_seconds: float, quick: bool) -> list[dict[str, Any]]:
-    """Each case's brute-force optimum (``optimum_us`` when some plan fits) and columns."""
+def rows(seeds: int, seconds: float, auto_seconds: float, quick: bool,
+         mode: str = "parallel") -> list[dict[str, Any]]:
+    """Each case's brute-force optimum (``optimum_us`` when some plan fits; in sequential
+    mode the best plan with FIFO channels) and columns."""
     from baechi import Cluster, load_graph
     from baechi.grouping import colocation_units
     from baechi.simulate import single_device_run
@@ -70,7 +74,7 @@ def rows(seeds: int, seconds: float, auto_seconds: float, quick: bool) -> list[d
                     doc = with_memory(generate(seed=seed, ops=setting.ops, ccr=ccr))
                     graph = load_graph(doc)
                     peak = single_device_run(graph, Cluster.uniform(1))[1]
-                    cluster = small_cluster(setting.devices,
+                    cluster = small_cluster(setting.devices, mode,
                                             memory_bytes=int(setting.share * peak))
                     parsed = Cluster.parse(cluster)
                     best, _, _ = brute_force(graph, parsed, colocation_units(graph, parsed),
@@ -80,10 +84,11 @@ def rows(seeds: int, seconds: float, auto_seconds: float, quick: bool) -> list[d
                                       f"{setting.share:.0%}")
                     if math.isfinite(best):
                         row["optimum_us"] = best
-                    # a column's plan where brute force found none is a defect of one of them
+                    # a column's plan where brute force found none: in parallel mode a defect
+                    # of one of them, in sequential mode one that fits in its channel order
                     row["impossible"] = [c for c, step in row["steps"].items()
                                          if step is not None and not math.isfinite(best)]
-                    print(f"{row['setting']} {doc['name']}: optimum {best}, exact "
+                    print(f"{mode} {row['setting']} {doc['name']}: optimum {best}, exact "
                           f"{row['steps']['exact']} (proved {row.get('proved')}), auto "
                           f"{row['steps']['auto']}", flush=True)
                     out.append(row)
@@ -96,8 +101,8 @@ def at_optimum(row: dict[str, Any], column: str) -> bool:
     return found is not None and found <= SLACK
 
 
-def markdown(command: str, cases: list[dict[str, Any]], seconds: float,
-             auto_seconds: float, elapsed: float) -> str:
+def markdown(command: str, cases: list[dict[str, Any]], sequential: list[dict[str, Any]],
+             seconds: float, auto_seconds: float, elapsed: float) -> str:
     with_plan = [r for r in cases if "optimum_us" in r]
     impossible = sum(len(r["impossible"]) for r in cases)
     unproved = [r for r in with_plan if not r.get("proved")]
@@ -119,6 +124,18 @@ def markdown(command: str, cases: list[dict[str, Any]], seconds: float,
             "| at the optimum | | | "
             + " | ".join(str(sum(at_optimum(r, c) for r in with_plan)) for c in COLUMNS)
             + " |"]
+    fifo = [r for r in sequential if "optimum_us" in r]
+    out += ["", f"**Sequential mode**, the same cases: the reference is the best plan with FIFO "
+            f"channels, found in {len(fifo)} of {len(sequential)} cases; a plan that orders "
+            "its channels can beat it (a negative gap) or fit where no FIFO plan does (the "
+            "last row). " + proof_line(fifo, seconds), "",
+            *gap_table(sequential, "setting", "setting", known="with a FIFO plan"),
+            misses_line(sequential),
+            "| at or below it | | | "
+            + " | ".join(str(sum(at_optimum(r, c) for r in fifo)) for c in COLUMNS) + " |",
+            "| a plan, none with FIFO | | | "
+            + " | ".join(str(sum(c in r["impossible"] for r in sequential)) for c in COLUMNS)
+            + " |"]
     return "\n".join(out) + "\n"
 
 
@@ -131,8 +148,10 @@ def main() -> int:
     args = parser.parse_args()
     tick = time.perf_counter()
     cases = rows(args.seeds, args.seconds, args.auto_seconds, args.quick)
+    sequential = rows(args.seeds, args.seconds, args.auto_seconds, args.quick, "sequential")
     command = " ".join(["python bench/brute.py", *sys.argv[1:]])
-    text = markdown(command, cases, args.seconds, args.auto_seconds, time.perf_counter() - tick)
+    text = markdown(command, cases, sequential, args.seconds, args.auto_seconds,
+                    time.perf_counter() - tick)
     fragment = ROOT / "bench" / "fragments" / "optima_brute.md"
     fragment.write_text(text)
     print(text)
