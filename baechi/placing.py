@@ -203,12 +203,12 @@ def run_algorithm(
     Returns a :class:`Run` whose ``simulation`` fits every device, or whose ``error`` says
     by how much the last plan did not. A plan is judged under FIFO channels. One that fits
     only in its placer's channel order (:func:`_in_placer_order`; the simulation then
-    carries that order) is held while the retries look for a faster one that fits under
-    FIFO (at once returned when it meets the proved bound), and returned unless they find
-    one. Its stats' ``bound_us`` is the highest any attempt proved: a retry's
-    lower budgets cut off plans the request allows, so what a solver proves there holds for
-    fewer plans (``exact`` on a fork-join of 8 ops, 2 devices at 60% of its peak: 111 µs
-    proved at the limits, 104 µs after the retry).
+    carries that order) is held while the retries look for a faster one that fits under FIFO
+    (at once returned when it meets the proved bound), and returned unless they find one.
+    Its stats' ``bound_us`` is the highest any attempt proved: a retry's lower budgets cut
+    off plans the request allows, so what a solver proves there holds for fewer plans
+    (``exact`` on a fork-join of 8 ops, 2 devices at 60% of its peak: 111 µs proved at the
+    limits, 104 µs after the retry).
     """
     cluster = request.cluster
     reduction, seconds = request.reduction(options, cap_scale)
