@@ -225,13 +225,12 @@ def run_algorithm(
     held_us = math.inf  # its step time
 
     def end(run: Run) -> Run:
-        """``run``, or the held plan when ``run`` has none or a slower one (with the bound
-        ``run`` reports, the highest proved)."""
+        """``run``, or the held plan when ``run`` has none or a slower one (with the highest
+        bound proved)."""
         if held is None or (run.simulation is not None and
                             run.simulation.estimate.step_time_us <= held_us):
             return run
-        proved = {key: value for key, value in run.algorithm_stats.items()
-                  if key in ("bound_us", "reduced_bound_us")}
+        proved = for_the_request({"bound_us": bound_us} if bound_us else {}, reduction)
         return dataclasses.replace(held, memory_retries=run.memory_retries,
                                    algorithm_stats={**held.algorithm_stats, **proved})
 

@@ -312,7 +312,6 @@ def test_a_memory_retry_keeps_the_bound_proved_at_the_limits() -> None:
     assert first.stats["bound_us"] <= plan.stats.bound_us <= best * (1 + SLACK)
 
 
-
 @pytest.mark.parametrize("algorithm", ["exact", "auto"])
 def test_a_plan_that_fits_only_in_its_transfer_order_is_returned(algorithm: str) -> None:
     """Sequential mode: the placement exact proves optimal fits memory in its own channel
