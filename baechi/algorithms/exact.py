@@ -452,18 +452,25 @@ class _Model:
         of its units throughout; an op's temp while it runs; its output from its start until
         its end, the end of every data consumer on the same device, and the earliest arrival
         of each of its messages sent elsewhere (the producer's end plus the message's
-        cheapest transfer); a received copy from the latest its transfer could start (its
-        first consumer there starts at least the cheapest transfer after the copy's send
-        starts) until the last consumer there ends. Each is a part of what the simulator
-        holds, so every plan is a solution (a relaxation). The relaxed model
-        (``Problem.relaxed``) leaves out the copies and the outputs' wait for arrival."""
+        cheapest transfer; with the channels modelled, each send's end); a received copy from
+        the latest its transfer could start (its first consumer there starts at least the
+        cheapest transfer after the copy's send starts; with the channels modelled, its send)
+        until the last consumer there ends. Each is a part of what the simulator holds, so
+        every plan is a solution (a relaxation). The relaxed model (``Problem.relaxed``)
+        leaves out the copies and the outputs' wait for arrival."""
         problem, model, on = self.problem, self.model, self.on
         graph, units = problem.graph, problem.units
         unit_of = units.unit_of
         limited = [d for d, budget in enumerate(problem.budget) if math.isfinite(budget)]
-        sent_from: dict[int, list[Message]] = {}
-        for m in messages:
-            sent_from.setdefault(m.src, []).append(m)
+        sent_from: dict[int, list[tuple[int, Message]]] = {}
+        for i, m in enumerate(messages):
+            sent_from.setdefault(m.src, []).append((i, m))
+        # per message, its sends on the channels (sequential mode, the channels modelled):
+        # whether each is present, and its arrival if so
+        arrivals: dict[int, list[tuple[Any, Any]]] = {}
+        for (i, a, dd), present in self.sent.items():
+            arrivals.setdefault(i, []).append(
+                (present, self.sends[i, dd] + self.ticks(messages[i].delays[a, dd])))
         for v in range(len(graph)):
             if not graph.output_bytes[v]:
                 continue
@@ -477,12 +484,14 @@ class _Model:
                     model.Add(life >= self.end[c])
                     continue
                 model.Add(life >= self.end[c]).OnlyEnforceIf(self._same(v, c, allowed))
-            for m in sent_from.get(v, ()) if not problem.relaxed else ():
+            for i, m in sent_from.get(v, ()) if not problem.relaxed else ():
                 least = self.ticks(m.least_us)
                 if least and m.nbytes:
                     for c in m.consumers:
                         model.Add(life >= self.end[v] + least).OnlyEnforceIf(
                             self._same(v, c, allowed).Not())
+                    for present, arrival in arrivals.get(i, ()):
+                        model.Add(life >= arrival).OnlyEnforceIf(present)
             sizes = {}
             for d in allowed[unit_of[v]]:
                 if math.isfinite(problem.budget[d]):
@@ -510,6 +519,8 @@ class _Model:
                     model.Add(first <= self.start[c] - least).OnlyEnforceIf(
                         [runs_there, present])
                     model.Add(last >= self.end[c]).OnlyEnforceIf([runs_there, present])
+                if (i, d) in self.sends:  # the channels modelled: held from its send
+                    model.Add(first <= self.sends[i, d]).OnlyEnforceIf(present)
                 self.copies[i, d] = (present, first, size, last)
                 held[d].append((model.NewOptionalIntervalVar(first, size, last, present,
                                                              f"copy{i}d{d}"), nbytes))
@@ -606,6 +617,18 @@ class _Model:
             model.AddHint(self.end[v], end[v])
         model.AddHint(self.makespan, max(end, default=0))
         graph, ticks = problem.graph, self.ticks
+        # the channels modelled: per (message, destination) the source and send of the
+        # hint's transfer
+        sent_at: dict[tuple[int, int], tuple[int, int]] = {}
+        t = run.transfers
+        for j, i in enumerate(times.message if self.channels else ()):
+            if i is not None:
+                sent_at[i, label[t.dst_device[j]]] = (label[t.src_device[j]], times.send[j])
+        arrival: dict[int, int] = {}  # op -> the last arrival of its data on the channels
+        for (i, dd), (a, at) in sent_at.items():
+            m = self.messages[i]
+            if m.nbytes and (i, a, dd) in self.sent:
+                arrival[m.src] = max(arrival.get(m.src, 0), at + ticks(m.delays[a, dd]))
         # the least the model holds: what its constraints ask of the hint plan's times
         sent_elsewhere: dict[int, int] = {}  # op -> its longest cheapest transfer elsewhere
         for m in () if problem.relaxed else self.messages:
@@ -614,7 +637,7 @@ class _Model:
                 sent_elsewhere[m.src] = max(sent_elsewhere.get(m.src, 0), ticks(m.least_us))
         for v, (life, sizes) in self.life.items():
             d = hint.device_of[v]
-            held = max([end[v] + sent_elsewhere.get(v, 0)]
+            held = max([end[v] + sent_elsewhere.get(v, 0), arrival.get(v, 0)]
                        + [end[graph.edge_dst[k]] for k in graph.out_edges[v]
                           if not graph.edge_control[k]
                           and hint.device_of[graph.edge_dst[k]] == d])
@@ -627,6 +650,8 @@ class _Model:
             held_there = bool(takers) and label[hint.device_of[m.src]] != d
             least = ticks(m.least_us)
             begin = max(0, min(start[c] for c in takers) - least) if held_there else 0
+            if held_there and (i, d) in self.sends:
+                begin = min(begin, sent_at.get((i, d), (-1, begin))[1])
             finish = max(end[c] for c in takers) if held_there else 0
             model.AddHint(present, held_there)
             model.AddHint(first, begin)
@@ -641,13 +666,6 @@ class _Model:
             highest = max(highest, unit_device[u])
             model.AddHint(device, unit_device[u])
             model.AddHint(used, highest)
-        if not self.channels:
-            return
-        sent_at: dict[tuple[int, int], tuple[int, int]] = {}
-        t = run.transfers
-        for j, i in enumerate(times.message):
-            if i is not None:
-                sent_at[i, label[t.dst_device[j]]] = (label[t.src_device[j]], times.send[j])
         for (i, dd), var in self.sends.items():
             a, at = sent_at.get((i, dd), (-1, end[self.messages[i].src]))
             model.AddHint(var, at)
