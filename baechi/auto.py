@@ -15,8 +15,8 @@ wins, so ``auto`` is never slower than any candidate it ran):
    m-ETF's plan with the pipeline leads), else on graphs the pipeline reduces to
    :data:`EXACT_MAX_NODES` nodes or fewer, on the relaxed model (``Problem.relaxed``:
    sequential mode's channels and received copies left out), which finds faster plans in
-   the time it gets there (see :data:`PORTFOLIO`); from its own start (m-ETF's plan, or
-   m-fill's when m-ETF's overshoots memory), as ``exact`` alone starts. Each
+   the time it gets there (see :data:`PORTFOLIO`); from its own start (the better of m-ETF's and
+   m-fill's plans), as ``exact`` alone starts. Each
    candidate after the first may use :data:`CANDIDATE_SHARE` of the time left, ``exact``
    :data:`EXACT_SHARE`. A candidate whose algorithm is not registered
    (:data:`baechi.algorithms.ALGORITHMS`) is skipped.
