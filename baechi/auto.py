@@ -15,10 +15,10 @@ wins, so ``auto`` is never slower than any candidate it ran):
    m-ETF's plan with the pipeline leads), else on graphs the pipeline reduces to
    :data:`EXACT_MAX_NODES` nodes or fewer, on the relaxed model (``Problem.relaxed``:
    sequential mode's channels and received copies left out), which finds faster plans in
-   the time it gets there (see :data:`PORTFOLIO`); from its own start (the better of m-ETF's and
-   m-fill's plans), as ``exact`` alone starts. Each
-   candidate after the first may use :data:`CANDIDATE_SHARE` of the time left, ``exact``
-   :data:`EXACT_SHARE`. A candidate whose algorithm is not registered
+   the time it gets there (see :data:`PORTFOLIO`); from its own start (the better of m-ETF's
+   and m-fill's plans), as ``exact`` alone starts. Each candidate after the first may use
+   :data:`CANDIDATE_SHARE` of the time left, ``exact`` :data:`EXACT_SHARE` (all of it while
+   there is no plan). A candidate whose algorithm is not registered
    (:data:`baechi.algorithms.ALGORITHMS`) is skipped.
 2. Repair (:func:`baechi.repair.repair`) of the refused plans that overshot memory least
    (:data:`REPAIR_STARTS`) and of as many first plans (placed within the true limits,
@@ -212,7 +212,11 @@ CANDIDATE_SHARE = 0.5
 #: candidates, because CP-SAT's plans improve with time where local search has stagnated.
 #: Measured with ``time_limit_s`` 2 on the benchmark settings (bench/run.py):
 #: ``exact`` on bert_l-12_training_operator reduced (PCIe, 75%) needs about 1.3 s to leave
-#: m-ETF's 2025 ms plan for 1897 ms; at half the time left it got 0.8 s.
+#: m-ETF's 2025 ms plan for 1897 ms; at half the time left it got 0.8 s. While no candidate
+#: has found a plan, ``exact`` takes all the time left: nothing after it needs time then (the
+#: repairs ran before it), and CP-SAT may need it for a first solution (bench/brute.py's
+#: layered_s0_n8_ccr1, sequential, 2 x 60%: at this share ``auto`` found the 78 µs plan in 4
+#: of 6 runs, with the whole time in 6 of 6).
 EXACT_SHARE = 0.75
 
 #: With time left after the rounds, local search runs again from this many of the next
@@ -530,7 +534,8 @@ def place_auto(request: Request) -> Outcome:
         tick = time.perf_counter()
         # the first candidate has the whole time; only a last resort finishes past it
         last_resort = best is None and entry.last_resort
-        fraction = EXACT_SHARE if entry.algorithm == "exact" else CANDIDATE_SHARE
+        fraction = CANDIDATE_SHARE if entry.algorithm != "exact" else \
+            EXACT_SHARE if best is not None else 1.0  # with no plan, nothing else needs time
         share = request if last_resort or not runs else dataclasses.replace(
             request, deadline=time.perf_counter() + fraction * request.seconds_left())
         run = _run_entry(share, entry, runs, last_resort=last_resort)

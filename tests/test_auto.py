@@ -25,7 +25,7 @@ from baechi.grouping import colocation_units
 from baechi.options import Options
 from baechi.placing import ORDERING_SHARE, Request, Run
 from baechi.simulate import replay, single_device_run
-from baechi.testing import small_cases
+from baechi.testing import GENERATORS, small_cases, small_cluster, with_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 GNMT = ROOT / "examples" / "graphs" / "gnmt_baechi.json"  # bundled: the test never skips
@@ -178,6 +178,20 @@ def test_no_plan_by_the_deadline_says_a_longer_limit_may_find_one() -> None:
     cluster = {"devices": {"count": 4, "memory_bytes": "600MiB"}}
     with pytest.raises(InfeasiblePlacement, match="within the time limit of 1e-09 s") as info:
         place(doc, cluster, "auto", {"time_limit_s": 1e-9})
+    assert info.value.details["deadline_reached"] is True
+
+
+def test_with_no_plan_before_it_exact_searches_until_the_deadline() -> None:
+    """A layered graph of 12 ops on 2 sequential devices at half its single-device peak: no
+    heuristic and no repair fits, and CP-SAT neither finds a plan nor proves there is none in
+    1 s. Nothing after it needs time, so ``exact`` gets all that is left, not
+    :data:`~baechi.auto.EXACT_SHARE` of it (before: the refusal came at 0.69 s of the 0.9 s
+    placement may take, saying nothing of the time limit)."""
+    doc = with_memory(GENERATORS["layered"](seed=0, ops=12, ccr=1.0))
+    peak = single_device_run(load_graph(doc), Cluster.uniform(1))[1]
+    cluster = small_cluster(2, "sequential", memory_bytes=peak // 2)
+    with pytest.raises(InfeasiblePlacement, match="a longer one may") as info:
+        place(doc, cluster, "auto", {"time_limit_s": 1})
     assert info.value.details["deadline_reached"] is True
 
 
