@@ -3,6 +3,7 @@ ordering never makes a plan slower than first come, first served (FIFO)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -485,7 +486,9 @@ def test_auto_orders_each_of_its_plans_quickly_then_fully_fastest_first(
 def test_dispatch_books_an_order_that_replays_to_the_same_times(case: tuple[dict, dict],
                                                                 seed: int) -> None:
     """The heuristic's dispatch (urgent first when channels are free) finds an order; written
-    out as a transfer order it replays to the very same times."""
+    out as a transfer order it replays to the very same times. Between two messages of one
+    sender and receiver, where the one booked later was issued before the other started, the
+    one booked first is the more urgent (on a tie, the one issued first)."""
     doc, cluster = case
     doc_cluster = {**cluster, "devices": [
         {k: v for k, v in d.items() if k != "memory_bytes"} for d in cluster["devices"]]} \
@@ -503,3 +506,11 @@ def test_dispatch_books_an_order_that_replays_to_the_same_times(case: tuple[dict
     listed = replay(g, c, device_of, orders, cost, dispatched.booked_order())
     assert listed.estimate == dispatched.estimate
     assert (listed.start, listed.end) == (dispatched.start, dispatched.end)
+    booked = dispatched.transfers
+    issued = {key: dispatched.end[key[0]] for key in booked.key}
+    for a, b in itertools.combinations(range(len(booked)), 2):  # a booked before b
+        first, then = booked.key[a], booked.key[b]
+        same_pair = (booked.src_device[a], booked.dst_device[a]) == \
+            (booked.src_device[b], booked.dst_device[b])
+        if same_pair and issued[then] < booked.start[a]:
+            assert (urgency[first], issued[first]) <= (urgency[then], issued[then])
