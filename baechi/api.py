@@ -39,7 +39,7 @@ from baechi.errors import InfeasiblePlacement, PlacementError
 from baechi.graph import Graph, load_graph
 from baechi.grouping import Units
 from baechi.options import Options
-from baechi.ordering import order_transfers
+from baechi.ordering import OrderOutcome, order_transfers
 from baechi.placing import Request, Run, add_seconds, graph_needs, run_algorithm, single_plan
 from baechi.plan import GraphInfo, Plan, PlanRequest, PlanStats
 from baechi.simulate import Simulation, transfer_entries
@@ -71,12 +71,14 @@ AUTO = "auto"
 @dataclass(frozen=True)
 class _Result:
     """The returned plan's run, its final simulation (the run's, or a better one found after
-    it), seconds per phase of everything run, and the plan-level stats fields."""
+    it), seconds per phase of everything run, the plan-level stats fields, and what the
+    transfer-order post-pass found once it ran."""
 
     run: Run
     simulation: Simulation
     seconds: dict[str, float]
     fields: dict[str, Any] = field(default_factory=dict)
+    ordering: OrderOutcome | None = None
 
 
 def place(
@@ -163,18 +165,20 @@ def place(
                  {"validate": validate_s, **result.seconds}, started)
 
 
-def _order_transfers(request: Request, result: _Result, quick: bool = False) -> _Result:
+def _order_transfers(request: Request, result: _Result, quick: bool = False,
+                     resume: OrderOutcome | None = None) -> _Result:
     """The post-pass every plan goes through: keep the model-aware transfer order when it
     replays strictly faster than FIFO and fits memory (``options.transfer_order``), within the
-    request's deadline (``quick``: its first candidate only, :data:`baechi.ordering.QUICK`).
-    Adds the ``order`` phase and the ``transfer_order`` stats fields."""
+    request's deadline (``quick``: its first candidate only, :data:`baechi.ordering.QUICK`;
+    ``resume``: a quick pass of the same plan, not replayed again). Adds the ``order`` phase
+    and the ``transfer_order`` stats fields."""
     tick = time.perf_counter()
     run = result.run
     # the placer's own channel order fits its own plan only
     proposed = run.transfer_order if result.simulation is run.simulation else None
     outcome = order_transfers(request.cost, result.simulation, request.end,
                               mode=request.options.transfer_order, proposed=proposed,
-                              quick=quick)
+                              quick=quick, resume=resume)
     fields = {**result.fields, "transfer_order": outcome.kept,
               "fifo_step_time_us": outcome.fifo_step_time_us,
               "transfer_order_note": outcome.note}
@@ -185,7 +189,7 @@ def _order_transfers(request: Request, result: _Result, quick: bool = False) -> 
             meets_bound(outcome.simulation, bound_us)
     seconds = add_seconds(result.seconds, {"order": time.perf_counter() - tick})
     return dataclasses.replace(result, simulation=outcome.simulation, seconds=seconds,
-                               fields=fields)
+                               fields=fields, ordering=outcome)
 
 
 def _order_portfolio(request: Request, outcome: Outcome, result: _Result) -> _Result:
@@ -200,7 +204,8 @@ def _order_portfolio(request: Request, outcome: Outcome, result: _Result) -> _Re
     561.1 ms searched, 549.5 ms for m-ETF's plan once ordered, 550.5 ms for the searched one),
     then plans with their placer's own channel order (``exact``'s: often the fastest once
     ordered), then the fastest under FIFO, each placement once; then the full pass, fastest
-    once ordered first (the quick candidate misses what only the others find: m-fill's plan of
+    once ordered first, each resumed from its quick pass (not replaying its candidates
+    again; the quick candidate misses what only the others find: m-fill's plan of
     resnet50_training_operator, PCIe, 30% memory, 748.0 ms under FIFO and quick, 744.0 ms
     fully ordered, where the fastest quick one, 746.0 ms, gains nothing). All until the
     request's end, like the post-pass itself. Quick passes first,
@@ -229,10 +234,11 @@ def _order_portfolio(request: Request, outcome: Outcome, result: _Result) -> _Re
         quick.append((placed, ordered))
     quick.sort(key=lambda pair: pair[1].simulation.estimate.step_time_us)
     best = quick[0][1]
-    for i, (placed, _) in enumerate(quick):
+    for i, (placed, ordered) in enumerate(quick):
         if i and time.perf_counter() >= request.end:
             break
-        full = _order_transfers(request, dataclasses.replace(placed, seconds=seconds))
+        full = _order_transfers(request, dataclasses.replace(placed, seconds=seconds),
+                                resume=ordered.ordering)
         seconds = full.seconds
         if full.simulation.estimate.step_time_us < best.simulation.estimate.step_time_us:
             best = full

@@ -22,6 +22,7 @@ from baechi import (
     InvalidPlan,
     api,
     load_graph,
+    ordering,
     place,
     simulate,
     simulate_plan,
@@ -256,6 +257,33 @@ def test_quick_pass_tries_the_placers_order_and_one_candidate() -> None:
     assert placers.simulation.estimate == full.simulation.estimate
 
 
+def test_full_pass_resumed_from_a_quick_one_replays_none_of_its_candidates_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full pass resumed from a quick pass of the same plan starts from its order and
+    replays neither the placer's order nor the quick candidate (a dispatch replay) again."""
+    graph, plan = _latency_bound()
+    fifo, full = _outcome(graph, plan)
+    cost = CostModel(load_graph(graph), Cluster.parse(plan["request"]["cluster"]))
+    proposed = full.simulation.transfer_order
+    quick = order_transfers(cost, fifo, math.inf, proposed=proposed, quick=True)
+    replays: list[bool] = []  # dispatched or not, per replay
+
+    def counted(*args: Any, **kwargs: Any) -> Simulation:
+        replays.append(kwargs.get("priority") is not None)
+        return replay(*args, **kwargs)
+
+    monkeypatch.setattr(ordering, "replay", counted)
+    order_transfers(cost, fifo, math.inf, proposed=proposed)
+    from_scratch = list(replays)
+    replays.clear()
+    resumed = order_transfers(cost, fifo, math.inf, proposed=proposed, resume=quick)
+    assert sum(from_scratch) == 2 and sum(replays) == 1  # dispatch/consumer-start only
+    assert len(replays) == len(from_scratch) - 3  # nor the placer's and QUICK's orders
+    assert set(quick.candidates) < set(resumed.candidates)
+    assert resumed.simulation.estimate == full.simulation.estimate
+    assert resumed.kept == "model-aware"
+
+
 # ---------------------------------------------------------------- through place and the CLI
 
 GAINS = layered(0, 12, 2.0)  # m-ETF on 2 devices: FIFO 117 µs, model-aware 107 µs
@@ -458,12 +486,17 @@ def test_auto_orders_each_of_its_plans_quickly_then_fully_fastest_first(
     ran (each placement once) the quick pass, then the full pass, the fastest once quickly
     ordered first, and returns the fastest of all: never slower than a plan it ran, ordered."""
     passes: list[tuple[Simulation, bool, float]] = []
+    resumed: list[OrderOutcome | None] = []  # what each pass resumed from
+    quick_outcomes: list[OrderOutcome] = []
 
     def recorded(cost: CostModel, simulation: Simulation, deadline: float, *, mode: Any,
-                 proposed: Any = None, quick: bool = False) -> OrderOutcome:
+                 proposed: Any = None, quick: bool = False,
+                 resume: OrderOutcome | None = None) -> OrderOutcome:
         outcome = order_transfers(cost, simulation, deadline, mode=mode, proposed=proposed,
-                                  quick=quick)
+                                  quick=quick, resume=resume)
         passes.append((simulation, quick, outcome.simulation.estimate.step_time_us))
+        resumed.append(resume)
+        quick_outcomes.append(outcome)
         return outcome
 
     monkeypatch.setattr(api, "order_transfers", recorded)
@@ -475,8 +508,11 @@ def test_auto_orders_each_of_its_plans_quickly_then_fully_fastest_first(
     placed = [(tuple(sim.device_of), *map(tuple, sim.orders)) for sim, _, _ in quick]
     assert len(placed) == len(set(placed)) >= 2  # the plans it passed over too
     # plenty of time on 40 ops: every plan is then fully ordered, fastest quick one first
-    assert [sim for sim, _, _ in full] == \
-        [sim for sim, _, _ in sorted(quick, key=lambda pass_: pass_[2])]
+    fastest_first = sorted(range(len(quick)), key=lambda i: quick[i][2])
+    assert [sim for sim, _, _ in full] == [quick[i][0] for i in fastest_first]
+    # each full pass resumes from its plan's quick pass
+    assert [id(r) for r in resumed[len(quick):]] == \
+        [id(quick_outcomes[i]) for i in fastest_first]
     assert plan.estimate.step_time_us == min(step for _, _, step in passes)
 
 
