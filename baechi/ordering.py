@@ -18,8 +18,9 @@ order of the replay the value was read from):
   channels. The simulator's dispatch mode (:func:`~baechi.simulate.replay` with
   ``priority``) holds each issued message until both its channels are free and then sends
   the most urgent waiting one (by latest start, or by its first consumer's start in the FIFO
-  replay); the order it books is then replayed as a transfer order (same times, property
-  test). On the shared graphs this is the candidate that wins most often.
+  replay); the order it books is the candidate, and the dispatch replay is its replay
+  (written out, that order replays to the same times: property test). On the shared graphs
+  this is the candidate that wins most often.
 - ``consumer-start`` (TAC-like): when its first consumer started in the last replay, minus
   its duration; replayed and re-sorted by the new times :data:`TAC_ROUNDS` times.
 
@@ -59,6 +60,7 @@ Examples
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable
@@ -83,9 +85,9 @@ TAC_ROUNDS = 3
 #: dispatch candidates it rarely wins on the shared graphs, so it gets few.
 PROMOTE_REPLAYS = 8
 
-#: Replays at most per plan: the placer's order, ``latest-start``, two per dispatch candidate
-#: (dispatch, then the order it booked), :data:`TAC_ROUNDS` and :data:`PROMOTE_REPLAYS`.
-MAX_REPLAYS = 1 + 1 + 2 * 2 + TAC_ROUNDS + PROMOTE_REPLAYS
+#: Replays at most per plan: the placer's order, ``latest-start``, the two dispatch
+#: candidates, :data:`TAC_ROUNDS` and :data:`PROMOTE_REPLAYS`.
+MAX_REPLAYS = 1 + 1 + 2 + TAC_ROUNDS + PROMOTE_REPLAYS
 
 #: The candidate a ``quick`` pass tries (:func:`order_transfers`), the one that wins most
 #: often and by most: on a layered graph of 2,000 ops (4 devices, 1 byte per µs, CCR 0.3),
@@ -135,11 +137,11 @@ def order_transfers(
         A channel order for the same plan that the placer scheduled with (``exact``'s
         solution), tried first; kept like any candidate, only when strictly faster.
     quick : bool
-        Try only :data:`QUICK` after ``proposed`` (two replays instead of up to
+        Try only :data:`QUICK` after ``proposed`` (one replay each instead of up to
         :data:`MAX_REPLAYS`): enough to rank several plans by what ordering gives them.
     resume : OrderOutcome, optional
         A ``quick`` pass of the same plan: the full pass starts from its order and does not
-        replay what it tried again (``proposed`` and :data:`QUICK`: three of a full pass's
+        replay what it tried again (``proposed`` and :data:`QUICK`: two of a full pass's
         replays, which a deadline may need for the others).
 
     Returns
@@ -213,7 +215,7 @@ class _Search:
             ) -> None:
         fifo = self.fifo
         if proposed is not None and "placer" not in self.tried \
-                and not self._try("placer", lambda: proposed):
+                and not self._try("placer", lambda: self._replayed(proposed)):
             return
         bottom = self._bottom_levels(fifo)
         step = fifo.estimate.step_time_us
@@ -225,7 +227,8 @@ class _Search:
         # starts after its issue and at most at its latest start (its start plus the longest
         # path after it is at most the step), so that sort is this one (both gave the same step
         # time on all 129 plans of m-ETF and m-SCT that ordering sped up on the shared graphs).
-        if not self._try("latest-start", lambda: _sorted(fifo, latest, _booking_index(fifo))):
+        if not self._try("latest-start",
+                         lambda: self._replayed(_sorted(fifo, latest, _booking_index(fifo)))):
             return
         for name, value in ((QUICK, latest),
                             ("dispatch/consumer-start", self._consumer_start(fifo))):
@@ -238,7 +241,8 @@ class _Search:
             order = _sorted(current, value, _booking_index(current))
             if current.transfer_order is not None and order == current.transfer_order:
                 break  # a fixed point: the next round would replay the same order
-            replayed = self._try(f"consumer-start/{round_ + 1}", lambda order=order: order)
+            replayed = self._try(f"consumer-start/{round_ + 1}",
+                                 lambda order=order: self._replayed(order))
             if replayed is None:
                 return
             current = replayed
@@ -271,7 +275,7 @@ class _Search:
                     moved[channel].insert(position, key)
                     replays += 1
                     before = self.best
-                    if self._try("promote", lambda moved=moved: moved) is None:
+                    if self._try("promote", lambda moved=moved: self._replayed(moved)) is None:
                         return
                     if self.best is not before:
                         improved = True
@@ -279,19 +283,17 @@ class _Search:
                 if improved:
                     break
 
-    def _try(self, name: str, make: Callable[[], list[list[TransferKey]]]) -> Simulation | None:
-        """Replay the order ``make`` builds, keep it if strictly faster and within memory;
-        ``None`` (and a note) once the deadline has passed."""
+    def _try(self, name: str, make: Callable[[], Simulation]) -> Simulation | None:
+        """Keep the replay ``make`` makes if strictly faster and within memory; ``None`` (and
+        a note) once the deadline has passed, without calling it."""
         if time.perf_counter() >= self.deadline:
             done = ", ".join(self.tried) or "none"
             self.note = f"the deadline passed while ordering transfers (candidates tried: {done})"
             return None
-        fifo = self.fifo
         try:
-            simulation = replay(self.cost.graph, self.cost.cluster, fifo.device_of,
-                                fifo.orders, self.cost, make(), name_cycle=False)
+            simulation = make()
         except InvalidPlan:  # a promotion that deadlocks (the sorted candidates cannot)
-            return fifo
+            return self.fifo
         estimate = simulation.estimate
         step = estimate.step_time_us if estimate.memory_ok else None
         if name in self.tried:  # keep the best of repeated tries
@@ -303,12 +305,20 @@ class _Search:
             self.best = simulation
         return simulation
 
-    def _dispatched(self, value: dict[TransferKey, float]) -> list[list[TransferKey]]:
-        """The order the simulator's dispatch by ``value`` books (smallest first among the
-        messages waiting when their channels are free)."""
+    def _replayed(self, order: list[list[TransferKey]]) -> Simulation:
+        """The plan replayed in the transfer order ``order``."""
         fifo = self.fifo
         return replay(self.cost.graph, self.cost.cluster, fifo.device_of, fifo.orders,
-                      self.cost, priority=value).booked_order()
+                      self.cost, order, name_cycle=False)
+
+    def _dispatched(self, value: dict[TransferKey, float]) -> Simulation:
+        """The replay of the order the simulator's dispatch by ``value`` books (smallest
+        first among the messages waiting when their channels are free): the dispatch replay
+        itself, as that order replays to its times (property test), with the order."""
+        fifo = self.fifo
+        dispatched = replay(self.cost.graph, self.cost.cluster, fifo.device_of, fifo.orders,
+                            self.cost, priority=value)
+        return dataclasses.replace(dispatched, transfer_order=dispatched.booked_order())
 
     def _bottom_levels(self, simulation: Simulation) -> list[float]:
         """Longest path (µs) from each node's start to the end of the schedule graph."""
