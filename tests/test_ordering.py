@@ -30,6 +30,7 @@ from baechi import (
 from baechi.cli import main
 from baechi.costmodel import CostModel
 from baechi.errors import InvalidRequest
+from baechi.graph import Graph
 from baechi.ordering import QUICK, OrderOutcome, order_transfers
 from baechi.plan import Plan
 from baechi.simulate import (
@@ -516,6 +517,22 @@ def test_auto_orders_each_of_its_plans_quickly_then_fully_fastest_first(
     assert plan.estimate.step_time_us == min(step for _, _, step in passes)
 
 
+def _fifo_plan(case: tuple[dict, dict]) -> tuple[Graph, Cluster, CostModel, list[int],
+                                                list[list[int]]]:
+    """m-ETF's FIFO plan of ``case`` on its cluster without memory limits: graph, cluster,
+    cost model, device per op, order per device."""
+    doc, cluster = case
+    devices = cluster["devices"]
+    if isinstance(devices, list):
+        devices = [{k: v for k, v in d.items() if k != "memory_bytes"} for d in devices]
+    else:
+        devices = {"count": devices["count"]}
+    plan = place(doc, {**cluster, "devices": devices}, "m-etf",
+                 {"allow_single": False, "transfer_order": "fifo", "forward_only": False})
+    g, c = load_graph(doc), Cluster.parse({**cluster, "devices": devices})
+    return (g, c, CostModel(g, c), *index_plan(g, plan, c))
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=st.one_of(st.tuples(dags(), clusters().map(_sequential)), generated()),
        seed=st.integers(0, 2**32 - 1))
@@ -525,16 +542,7 @@ def test_dispatch_books_an_order_that_replays_to_the_same_times(case: tuple[dict
     out as a transfer order it replays to the very same times. Between two messages of one
     sender and receiver, where the one booked later was issued before the other started, the
     one booked first is the more urgent (on a tie, the one issued first)."""
-    doc, cluster = case
-    doc_cluster = {**cluster, "devices": [
-        {k: v for k, v in d.items() if k != "memory_bytes"} for d in cluster["devices"]]} \
-        if isinstance(cluster["devices"], list) else \
-        {**cluster, "devices": {"count": cluster["devices"]["count"]}}
-    plan = place(doc, doc_cluster, "m-etf", {"allow_single": False, "transfer_order": "fifo",
-                                             "forward_only": False})
-    g, c = load_graph(doc), Cluster.parse(doc_cluster)
-    cost = CostModel(g, c)
-    device_of, orders = index_plan(g, plan, c)
+    g, c, cost, device_of, orders = _fifo_plan(case)
     rng = random.Random(seed)
     urgency = {key: rng.choice([0.0, 1.0, rng.random()]) for key in plan_transfers(cost,
                                                                                  device_of)}
@@ -550,3 +558,21 @@ def test_dispatch_books_an_order_that_replays_to_the_same_times(case: tuple[dict
             (booked.src_device[b], booked.dst_device[b])
         if same_pair and issued[then] < booked.start[a]:
             assert (urgency[first], issued[first]) <= (urgency[then], issued[then])
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=st.one_of(st.tuples(dags(), clusters().map(_sequential)), generated()))
+def test_no_message_is_issued_after_its_latest_start_in_the_fifo_replay(
+        case: tuple[dict, dict]) -> None:
+    """Why the full pass has no sort by the later of issue and latest start: in the FIFO
+    replay a message starts after its issue and no later than its latest start (step time −
+    its bottom level), so that sort is the ``latest-start`` one."""
+    g, c, cost, device_of, orders = _fifo_plan(case)
+    fifo = replay(g, c, device_of, orders, cost)
+    search = ordering._Search(cost, fifo, math.inf)
+    bottom = search._bottom_levels(fifo)
+    step = fifo.estimate.step_time_us
+    starts = dict(zip(fifo.transfers.key, fifo.transfers.start, strict=True))
+    for j, key in enumerate(search.keys):
+        issued = fifo.end[key[0]]
+        assert issued <= starts[key] <= step - bottom[search.n + j] + 1e-9 * max(step, 1.0)
