@@ -195,23 +195,23 @@ def _order_transfers(request: Request, result: _Result, quick: bool = False,
 def _order_portfolio(request: Request, outcome: Outcome, result: _Result) -> _Result:
     """The post-pass of ``auto``'s plan (:func:`_order_transfers`), with the plans it passed
     over as rivals: ``auto`` compares its candidates under FIFO channels (a plan that fits
-    memory only in its placer's channel order, in that order), and one it passed
-    over may beat the chosen one once both keep their best transfer order (``auto`` is then
-    never slower than a named algorithm, which gets the same post-pass). Each plan first gets
-    the quick pass (two replays: its placer's channel order and :data:`~baechi.ordering.QUICK`),
-    the chosen one first, then the plan local search started from (its gain under FIFO may be
-    less than ordering gives the start: inceptionv3_training_layer, PCIe, suggested memory,
-    561.1 ms searched, 549.5 ms for m-ETF's plan once ordered, 550.5 ms for the searched one),
-    then plans with their placer's own channel order (``exact``'s: often the fastest once
-    ordered), then the fastest under FIFO, each placement once; then the full pass, fastest
-    once ordered first, each resumed from its quick pass (not replaying its candidates
-    again; the quick candidate misses what only the others find: m-fill's plan of
-    resnet50_training_operator, PCIe, 30% memory, 748.0 ms under FIFO and quick, 744.0 ms
-    fully ordered, where the fastest quick one, 746.0 ms, gains nothing). All until the
-    request's end, like the post-pass itself. Quick passes first,
-    because a full pass of the chosen plan alone took the 0.2 s left at ``time_limit_s`` 2 on
-    2,000 ops (20 replays), where m-SCT's plan, never ordered, was the fastest once ordered
-    (a layered graph of ``baechi.testing``, 4 devices, CCR 0.3: 11,750 µs against 11,785)."""
+    memory only in its placer's channel order, in that order), and one it passed over may beat
+    the chosen one once both keep their best transfer order (``auto`` is then never slower than
+    a named algorithm, which gets the same post-pass). Each plan first gets the quick pass (a
+    replay each of its placer's channel order and :data:`~baechi.ordering.QUICK`), the chosen
+    one first, then the plan local search started from (its gain under FIFO may be less than
+    ordering gives the start: inceptionv3_training_layer, PCIe, suggested memory, 561.1 ms
+    searched, 549.5 ms for m-ETF's plan once ordered, 550.5 ms for the searched one), then plans
+    with their placer's own channel order (``exact``'s: often the fastest once ordered), then
+    the fastest under FIFO, each placement once; then the full pass, fastest once ordered first,
+    each resumed from its quick pass (not replaying its candidates again; the quick candidate
+    misses what only the others find: m-fill's plan of resnet50_training_operator, PCIe, 30%
+    memory, 748.0 ms under FIFO and quick, 744.0 ms fully ordered, where the fastest quick one,
+    746.0 ms, gains nothing). All until the request's end, like the post-pass itself. Quick
+    passes first, because a full pass of the chosen plan alone took the 0.2 s left at
+    ``time_limit_s`` 2 on 2,000 ops (20 replays), where m-SCT's plan, never ordered, was the
+    fastest once ordered (a layered graph of ``baechi.testing``, 4 devices, CCR 0.3: 11,750 µs
+    against 11,785)."""
     others = sorted(outcome.others, key=lambda other: (other[0] is not outcome.run,
                                                        other[0].transfer_order is None,
                                                        other[1].estimate.step_time_us))

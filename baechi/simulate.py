@@ -242,10 +242,11 @@ def _timing(
                 return
             key = best[2]
             t_issue, k, d = issued.pop(key)
-            heapq.heappop(waiting_on[d, key[1]])
-            index = book(key, t_issue, k, d, key[1])
+            dd = key[1]
+            heapq.heappop(waiting_on[d, dd])
+            index = book(key, t_issue, k, d, dd)
             heapq.heappush(events, (transfers.end[index], *wakeup))
-            deliver(key, index, key[1])
+            deliver(key, index, dd)
 
     for d in range(len(devices)):
         start_ready(d)

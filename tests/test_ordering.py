@@ -488,7 +488,7 @@ def test_auto_orders_each_of_its_plans_quickly_then_fully_fastest_first(
     ordered first, and returns the fastest of all: never slower than a plan it ran, ordered."""
     passes: list[tuple[Simulation, bool, float]] = []
     resumed: list[OrderOutcome | None] = []  # what each pass resumed from
-    quick_outcomes: list[OrderOutcome] = []
+    outcomes: list[OrderOutcome] = []  # what each pass returned
 
     def recorded(cost: CostModel, simulation: Simulation, deadline: float, *, mode: Any,
                  proposed: Any = None, quick: bool = False,
@@ -497,7 +497,7 @@ def test_auto_orders_each_of_its_plans_quickly_then_fully_fastest_first(
                                   quick=quick, resume=resume)
         passes.append((simulation, quick, outcome.simulation.estimate.step_time_us))
         resumed.append(resume)
-        quick_outcomes.append(outcome)
+        outcomes.append(outcome)
         return outcome
 
     monkeypatch.setattr(api, "order_transfers", recorded)
@@ -513,7 +513,7 @@ def test_auto_orders_each_of_its_plans_quickly_then_fully_fastest_first(
     assert [sim for sim, _, _ in full] == [quick[i][0] for i in fastest_first]
     # each full pass resumes from its plan's quick pass
     assert [id(r) for r in resumed[len(quick):]] == \
-        [id(quick_outcomes[i]) for i in fastest_first]
+        [id(outcomes[i]) for i in fastest_first]
     assert plan.estimate.step_time_us == min(step for _, _, step in passes)
 
 
