@@ -7,7 +7,8 @@ wins, so ``auto`` is never slower than any candidate it ran):
    as fast as m-ETF alone), then the cheap ones, m-TOPO and m-fill (memory first) with and
    without the pipeline, then m-cut (m-fill's kind of plan with the cheapest cuts; without
    the pipeline up to :data:`CUT_MAX_OPS` ops), m-ETF on the unreduced graph (the pipeline
-   fuses away the parallelism of small graphs), m-SCT both ways (graphs up to
+   fuses away the parallelism of small graphs), m-EFT both ways where the devices differ in
+   speed or kind (:data:`PORTFOLIO`), m-SCT both ways (graphs up to
    :data:`SCT_MAX_OPS` ops: its LP grows super-linearly), and ``exact`` (CP-SAT, at most
    :data:`EXACT_MAX_S` seconds): on the graph itself when it has at most
    :data:`~baechi.algorithms.exact.EXACT_MAX_OPS` ops (from :data:`REDUCED_FIRST_MIN_OPS`
@@ -352,7 +353,8 @@ class Entry:
     (``Problem.hint``); ``last_resort`` lets it start after the deadline while no plan was
     found; ``relaxed`` has it solve its relaxation (``Problem.relaxed``); ``if_reduced_leads``
     skips it unless the fastest plan so far is m-ETF's with the pipeline, ahead of every plan
-    of the graph itself (:data:`REDUCED_FIRST_MIN_OPS`).
+    of the graph itself (:data:`REDUCED_FIRST_MIN_OPS`); ``mixed_speeds`` skips it unless
+    the devices differ in speed or kind.
     """
 
     algorithm: str
@@ -366,6 +368,7 @@ class Entry:
     relaxed: bool = False
     cap_scale: float = 1.0
     if_reduced_leads: bool = False
+    mixed_speeds: bool = False
 
 
 #: The candidates, in the order they run: the first plan as m-ETF gives it, then the cheap
@@ -392,6 +395,15 @@ class Entry:
 #: ms, inceptionv3_inference_layer at 75% 307.5 -> 290.5 ms), 18 faster and 20 slower (at
 #: most 2.5% but gnmt_baechi, NVLink, 75%: 80.6 -> 85.8 ms, the m-cut of its reduced graph
 #: taking 0.7 s of the 2 s with four memory retries; 80.6 ms both ways when rerun alone).
+#: m-EFT (earliest finish) both ways after m-ETF unreduced, where devices differ in speed or
+#: kind: ``auto`` at 2 s with against without them (bench/generated.py's graphs on its three
+#: devices of speeds 1, 0.5, 0.5, unlimited and at 50% memory, and bench/clusters.py's mixed
+#: cluster on both networks; 118 settings, one pass): geomean 0.975, 41 faster, 14 slower
+#: (the faster up to 23% on fork_join_s7_n2000_ccr0.3 at 50%, pipedream_nasnetalarge, NVLink,
+#: 345.3 -> 238.7 ms; the slower up to 6.6%, within the noise of CP-SAT and the time shares
+#: at 2 s). Not on identical devices: there m-EFT's plans beat ``auto``'s of
+#: bench/results.csv in 1 of 368 settings of bench/run.py (pipedream_nasnetalarge, PCIe, 50%,
+#: where ``auto``'s plan depends on the time its m-SCT gets).
 PORTFOLIO: tuple[Entry, ...] = (
     Entry("m-etf", True),
     Entry("m-topo", True),
@@ -401,6 +413,8 @@ PORTFOLIO: tuple[Entry, ...] = (
     Entry("m-cut", True),
     Entry("m-cut", False, max_ops=CUT_MAX_OPS),
     Entry("m-etf", False),
+    Entry("m-eft", False, mixed_speeds=True),
+    Entry("m-eft", True, mixed_speeds=True),
     Entry("m-sct", True, max_ops=SCT_MAX_OPS),
     Entry("m-sct", False, max_ops=SCT_MAX_OPS),
     Entry("exact", True, min_ops=REDUCED_FIRST_MIN_OPS, max_ops=EXACT_MAX_OPS,
@@ -452,8 +466,11 @@ def place_auto(request: Request) -> Outcome:
     best: Run | None = None
     seconds: dict[str, float] = {}
     deadline_reached = False
+    # an op's time differs between devices of other speeds or kinds
+    mixed_speeds = len({(d.speed, d.kind) for d in request.cluster.devices}) > 1
     entries = [e for e in PORTFOLIO if e.algorithm in ALGORITHMS and len(graph) >= e.min_ops
-               and (e.max_ops is None or len(graph) <= e.max_ops)]
+               and (e.max_ops is None or len(graph) <= e.max_ops)
+               and (mixed_speeds or not e.mixed_speeds)]
     # the cheap entries come first (the last resorts the last of them); when none found a
     # plan, the first blind start runs before the costlier entries (see BLIND_STARTS)
     last_cheap = max((i for i, e in enumerate(entries) if e.last_resort), default=len(entries))

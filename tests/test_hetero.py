@@ -236,6 +236,40 @@ def test_knowing_the_cluster_beats_placing_as_if_uniform() -> None:
     assert simulate(doc, blind, real).step_time_us == 20.0
 
 
+def test_m_eft_leaves_an_idle_slow_device_idle() -> None:
+    """Layers of four 10 µs ops on a device of speed 1 and two of speed 0.2: m-ETF starts
+    ops on the idle slow devices (50 µs each), which delay the next layer; m-EFT gives each
+    op the device that finishes it first."""
+    ops = [{"name": f"l{layer}_{i}", "compute_us": 10} for layer in range(3) for i in range(4)]
+    edges = [{"src": f"l{layer}_{i}", "dst": f"l{layer + 1}_{j}", "bytes": 0}
+             for layer in range(2) for i in range(4) for j in range(4)]
+    doc = {"format": "baechi.graph/v1", "ops": ops, "edges": edges}
+    cluster = {"devices": [{"name": "fast"}, {"name": "slow0", "speed": 0.2},
+                           {"name": "slow1", "speed": 0.2}]}
+    options = {"allow_single": False, "co_placement": False, "fusion": False}
+    etf = place(doc, cluster, "m-etf", options)
+    eft = place(doc, cluster, "m-eft", options)
+    assert eft.estimate.step_time_us == 120.0  # all on the fast device: 12 x 10 µs
+    assert etf.estimate.step_time_us > eft.estimate.step_time_us
+    assert simulate(doc, eft, cluster) == eft.estimate
+
+
+@pytest.mark.parametrize("speeds, runs_eft", [((1.0, 1.0), False), ((1.0, 0.5), True)])
+def test_auto_runs_m_eft_where_devices_differ(speeds: tuple[float, ...], runs_eft: bool
+                                              ) -> None:
+    # fork-join with slow links: no plan meets the lower bound, so every candidate runs
+    names = ("s", "x1", "x2", "t")
+    doc = {"format": "baechi.graph/v1", "ops": [{"name": n, "compute_us": 10} for n in names],
+           "edges": [{"src": a, "dst": b, "bytes": 0}
+                     for a, b in (("s", "x1"), ("s", "x2"), ("x1", "t"), ("x2", "t"))]}
+    cluster = {"devices": [{"name": f"d{i}", "speed": v} for i, v in enumerate(speeds)],
+               "network": {"latency_us": 100}}
+    plan = place(doc, cluster, "auto", {"time_limit_s": 2})
+    ran = {(c.algorithm, c.pipeline) for c in plan.stats.candidates}
+    assert ({("m-eft", True), ("m-eft", False)} <= ran) is runs_eft
+    assert ("m-eft" in {a for a, _ in ran}) is runs_eft
+
+
 def _explicit_defaults(case: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The case with DESIGN §10's fields written out at values that change nothing: kinds and
     host at their defaults, a link per device pair equal to the default link, a time for a

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from baechi.algorithms.base import Algorithm, Assignment, Problem
 from baechi.algorithms.cut import place_cut
-from baechi.algorithms.etf import place_etf
+from baechi.algorithms.etf import place_eft, place_etf
 from baechi.algorithms.exact import place_exact
 from baechi.algorithms.fill import place_fill
 from baechi.algorithms.sct import place_sct
@@ -22,6 +22,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "single": place_single,
     "m-topo": place_topo,
     "m-etf": place_etf,
+    "m-eft": place_eft,
     "m-sct": place_sct,
     "m-fill": place_fill,
     "m-cut": place_cut,
