@@ -401,9 +401,11 @@ class Entry:
 #: cluster on both networks; 118 settings, one pass): geomean 0.975, 41 faster, 14 slower
 #: (the faster up to 23% on fork_join_s7_n2000_ccr0.3 at 50%, pipedream_nasnetalarge, NVLink,
 #: 345.3 -> 238.7 ms; the slower up to 6.6%, within the noise of CP-SAT and the time shares
-#: at 2 s). Not on identical devices: there m-EFT's plans beat ``auto``'s of
-#: bench/results.csv in 1 of 368 settings of bench/run.py (pipedream_nasnetalarge, PCIe, 50%,
-#: where ``auto``'s plan depends on the time its m-SCT gets).
+#: at 2 s). Not on identical devices, where the two differ only in which ready op goes first:
+#: run there too, on bench/run.py's 204 memory-limited settings at 2 s (one pass), geomean
+#: 0.9993, 27 faster, 32 slower (pipedream_nasnetalarge, PCIe, 50%: 334.7 -> 300.4 ms;
+#: resnet50_training_operator, NVLink, suggested: 618.0 -> 658.4 ms, the time it took from the
+#: others): noise, for the time of two more candidates.
 PORTFOLIO: tuple[Entry, ...] = (
     Entry("m-etf", True),
     Entry("m-topo", True),

@@ -35,10 +35,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from run import (  # noqa: E402  (bench/ is not a package)
+    ALGORITHMS,
     AUTO_TIME_LIMIT_S,
     EXACT_TIME_LIMIT_S,
     NETWORKS,
-    OTHER_CLUSTER_ALGORITHMS,
     fastest,
     geomean,
     named_steps,
@@ -95,7 +95,7 @@ def run_graph(path: Path) -> list[dict[str, Any]]:
     peak = single_peak(doc)
     if peak == 0:
         return []
-    named_runs = [(a, p, {}) for a in OTHER_CLUSTER_ALGORITHMS for p in (True, False)]
+    named_runs = [(a, p, {}) for a in ALGORITHMS for p in (True, False)]
     named_runs.append(("exact", True, {"time_limit_s": EXACT_TIME_LIMIT_S}))
     rows = []
     for shape in SHAPES:

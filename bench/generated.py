@@ -41,9 +41,9 @@ from clusters import (  # noqa: E402  (bench/ is not a package)
     summary_cells,
 )
 from run import (  # noqa: E402
+    ALGORITHMS,
     AUTO_TIME_LIMIT_S,
     EXACT_TIME_LIMIT_S,
-    OTHER_CLUSTER_ALGORITHMS,
     fastest,
     geomean,
     named_steps,
@@ -113,7 +113,7 @@ def run_graph(doc: dict[str, Any]) -> list[dict[str, Any]]:
     machine_s = machine_seconds()
     peak = single_peak(doc)
     named_runs = [(a, p, {"time_limit_s": EXACT_TIME_LIMIT_S} if a == "exact" else {})
-                  for a in (*OTHER_CLUSTER_ALGORITHMS, "exact") for p in (True, False)]
+                  for a in (*ALGORITHMS, "exact") for p in (True, False)]
     rows = []
     for shape in CLUSTERS:
         for memory in (None, int(peak * shape.memory_share)):

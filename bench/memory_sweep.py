@@ -7,7 +7,7 @@ Usage::
 ``bench/run.py`` places every graph at 75%, 50% and 30% of its single-device peak. This places
 the graphs that hold memory at :data:`FRACTIONS` of their peak (4 devices, both networks) with
 ``auto`` (``time_limit_s`` 2, as run.py) and with every named list scheduler (m-TOPO, m-ETF,
-m-SCT, m-fill, m-cut, with and without the pipeline; ``exact`` left out for time), and
+m-EFT, m-SCT, m-fill, m-cut, with and without the pipeline; ``exact`` left out for time), and
 reports:
 
 - ``auto`` against the fastest named plan per setting;
@@ -120,10 +120,10 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
            f"The graphs that hold memory placed at {', '.join(f'{f:.0%}' for f in FRACTIONS)} "
            f"of their single-device peak (run.py places them at 75/50/30%), {DEVICES} devices, "
            f"`auto` with `time_limit_s` {AUTO_TIME_LIMIT_S:g}, against the fastest of the named "
-           "list schedulers (m-TOPO, m-ETF, m-SCT, m-fill, m-cut, with and without the pipeline, "
-           "`allow_single` off; `exact` left out for time). Geometric means over the settings "
-           "where both have a plan; `worse` counts auto's plans slower than the best named "
-           "one by more than 0.01%.", "",
+           "list schedulers (m-TOPO, m-ETF, m-EFT, m-SCT, m-fill, m-cut, with and without the "
+           "pipeline, `allow_single` off; `exact` left out for time). Geometric means over the "
+           "settings where both have a plan; `worse` counts auto's plans slower than the best "
+           "named one by more than 0.01%.", "",
            "| network | memory | settings | auto feasible | named feasible "
            "| auto / best named | auto better (>0.1%) | worse | auto s (median) |",
            "|---|---|---|---|---|---|---|---|---|"]

@@ -18,8 +18,8 @@ the table counts, per algorithm, the proved cases where it found no plan. STG gr
 (``../shared/graphs/stg``) on 4 devices (no network): the gap to
 ``meta.optimal_makespan_us["4"]`` (the first number; a pair is a proven lower and upper bound).
 
-The algorithms: m-ETF, m-SCT, m-TOPO, m-fill, m-cut with the pipeline (default options) and
-without (``co_placement``/``fusion`` false), ``allow_single`` off so that each is measured
+The algorithms: m-ETF, m-EFT, m-SCT, m-TOPO, m-fill, m-cut with the pipeline (default options)
+and without (``co_placement``/``fusion`` false), ``allow_single`` off so that each is measured
 itself; the single-device plan; ``auto`` with default options and ``--auto-seconds``;
 ``exact``. Writes ``bench/fragments/optima.md``; its first line is the command that generated
 it.
@@ -40,7 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-HEURISTICS = ("m-etf", "m-sct", "m-topo", "m-fill", "m-cut")
+HEURISTICS = ("m-etf", "m-eft", "m-sct", "m-topo", "m-fill", "m-cut")
 #: Column name → (algorithm, options without the time limit).
 COLUMNS: dict[str, tuple[str, dict[str, Any]]] = {
     **{f"{a}": (a, {"allow_single": False}) for a in HEURISTICS},

@@ -42,11 +42,7 @@ NETWORKS = {
     "pcie": {"latency_us": 134, "bandwidth_gbps": 5.7},
     "nvlink": {"latency_us": 10, "bandwidth_gbps": 150},
 }
-ALGORITHMS = ("m-topo", "m-etf", "m-sct", "m-fill", "m-cut")
-#: The named list schedulers of the sweeps over other clusters (bench/clusters.py,
-#: bench/generated.py): m-EFT too, made for devices of different speeds, which those have
-#: (this file's devices are identical, where ``auto`` does not run it).
-OTHER_CLUSTER_ALGORITHMS = (*ALGORITHMS, "m-eft")
+ALGORITHMS = ("m-topo", "m-etf", "m-eft", "m-sct", "m-fill", "m-cut")
 #: ``auto``'s per-request time limit in the benchmark (the default is 60 s; on these graphs it
 #: usually stops much earlier, when local search stagnates).
 AUTO_TIME_LIMIT_S = 2.0

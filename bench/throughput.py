@@ -125,7 +125,7 @@ def hetero_table(shared: Path) -> list[str]:
             "gain |", "|---|---|---|---|---|"]
     for path in STEP_GRAPHS:
         document = json.loads((shared / "graphs" / path).read_text())
-        for algorithm in ("m-topo", "m-etf", "m-sct"):
+        for algorithm in ("m-topo", "m-etf", "m-eft", "m-sct"):
             aware = baechi.place(document, HETERO, algorithm, NO_SINGLE).estimate.step_time_us
             blind_plan = baechi.place(document, UNIFORM, algorithm, NO_SINGLE)
             blind = baechi.simulate(document, blind_plan, HETERO).step_time_us

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from baechi import Cluster, InfeasiblePlacement, InvalidRequest, load_graph, place, simulate
 from baechi.algorithms import ALGORITHMS
 from baechi.algorithms.base import Problem
-from baechi.algorithms.etf import ListScheduler, place_etf, remaining_path
+from baechi.algorithms.etf import ListScheduler, place_eft, place_etf, remaining_path
 from baechi.costmodel import CostModel
 from baechi.graph import Graph
 from baechi.grouping import colocation_units
@@ -109,12 +109,14 @@ def test_plans_respect_every_invariant(algorithm: str, doc: dict, cluster: dict,
     check_plan(doc, cluster, plan)
 
 
-def etf_by_definition(graph: Graph, cluster: Cluster) -> tuple[list[int], list[list[int]]]:
+def etf_by_definition(graph: Graph, cluster: Cluster, *, earliest_finish: bool = False
+                      ) -> tuple[list[int], list[list[int]]]:
     """m-ETF without memory limits as its definition reads, with no heaps and no lazy keys:
     at each step, of every ready op on every device it may go to (its unit's once placed),
     the earliest start (the device free and every input there, the channels as they are
     now), then the longest remaining path, the canonical order, the device; then its
-    messages are booked one after another and it runs."""
+    messages are booked one after another and it runs. ``earliest_finish``: m-EFT, which
+    takes each device's pair so chosen and, of those, the one that finishes first."""
     units = colocation_units(graph, cluster)
     problem = Problem.of(graph, cluster, units)
     cost, rank, topo = problem.cost, remaining_path(problem), graph.topo_position
@@ -146,12 +148,16 @@ def etf_by_definition(graph: Graph, cluster: Cluster) -> tuple[list[int], list[l
     for _ in range(n):
         ready = [op for op in range(n) if not done[op]
                  and all(done[graph.edge_src[k]] for k in graph.in_edges[op])]
-        _, _, _, d, op = min(
-            (max([free[d], *(arrival(k, d, False) for k in graph.in_edges[op])]),
-             -rank[op], topo[op], d, op)
-            for op in ready
-            for d in ([unit_device[units.unit_of[op]]] if unit_device[units.unit_of[op]] >= 0
-                      else problem.devices_for(units.unit_of[op])))
+        pairs = [(max([free[d], *(arrival(k, d, False) for k in graph.in_edges[op])]),
+                  -rank[op], topo[op], d, op)
+                 for op in ready
+                 for d in ([unit_device[units.unit_of[op]]] if unit_device[units.unit_of[op]] >= 0
+                           else problem.devices_for(units.unit_of[op]))]
+        if earliest_finish:
+            bests = [min(p for p in pairs if p[3] == d) for d in {p[3] for p in pairs}]
+            _, _, _, d, op = min(bests, key=lambda p: (p[0] + cost.op_us[p[3]][p[4]], p))
+        else:
+            _, _, _, d, op = min(pairs)
         start = max([free[d], *(arrival(k, d, True) for k in graph.in_edges[op])])
         unit_device[units.unit_of[op]] = device_of[op] = d
         end[op] = free[d] = start + cost.op_us[d][op]
@@ -169,6 +175,20 @@ def test_etf_chooses_as_its_definition(doc: dict, cluster: dict) -> None:
     graph, parsed = load_graph(doc), Cluster.parse(cluster)
     placed = place_etf(Problem.of(graph, parsed, colocation_units(graph, parsed)))
     assert (placed.device_of, placed.orders) == etf_by_definition(graph, parsed)
+
+
+@settings(max_examples=80, deadline=None)
+@given(doc=dags(), cluster=clusters(), speeds=st.lists(st.sampled_from([0.25, 0.5, 1.0, 2.0]),
+                                                       min_size=4, max_size=4))
+def test_eft_chooses_as_its_definition(doc: dict, cluster: dict, speeds: list[float]) -> None:
+    # m-EFT on the same heaps: each device's m-ETF choice, the one finishing first
+    cluster = {"devices": [{**{k: v for k, v in d.items() if k != "memory_bytes"},
+                            "speed": speeds[i]} for i, d in enumerate(cluster["devices"])],
+               "network": cluster["network"]}
+    graph, parsed = load_graph(doc), Cluster.parse(cluster)
+    placed = place_eft(Problem.of(graph, parsed, colocation_units(graph, parsed)))
+    assert (placed.device_of, placed.orders) == etf_by_definition(graph, parsed,
+                                                                  earliest_finish=True)
 
 
 @pytest.mark.parametrize(("seed", "ops", "devices"), [(16, 20, 3), (2, 40, 2), (7, 300, 4)])
