@@ -265,9 +265,8 @@ def test_auto_runs_m_eft_where_devices_differ(speeds: tuple[float, ...], runs_ef
     cluster = {"devices": [{"name": f"d{i}", "speed": v} for i, v in enumerate(speeds)],
                "network": {"latency_us": 100}}
     plan = place(doc, cluster, "auto", {"time_limit_s": 2})
-    ran = {(c.algorithm, c.pipeline) for c in plan.stats.candidates}
-    assert ({("m-eft", True), ("m-eft", False)} <= ran) is runs_eft
-    assert ("m-eft" in {a for a, _ in ran}) is runs_eft
+    eft_pipelines = {c.pipeline for c in plan.stats.candidates if c.algorithm == "m-eft"}
+    assert eft_pipelines == ({True, False} if runs_eft else set())
 
 
 def _explicit_defaults(case: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
