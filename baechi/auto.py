@@ -7,8 +7,8 @@ wins, so ``auto`` is never slower than any candidate it ran):
    as fast as m-ETF alone), then the cheap ones, m-TOPO and m-fill (memory first) with and
    without the pipeline, then m-cut (m-fill's kind of plan with the cheapest cuts; without
    the pipeline up to :data:`CUT_MAX_OPS` ops), m-ETF on the unreduced graph (the pipeline
-   fuses away the parallelism of small graphs), m-EFT both ways where the devices differ in
-   speed or kind (:data:`PORTFOLIO`), m-SCT both ways (graphs up to
+   fuses away the parallelism of small graphs), m-EFT both ways where some op's time differs
+   between devices (:data:`PORTFOLIO`), m-SCT both ways (graphs up to
    :data:`SCT_MAX_OPS` ops: its LP grows super-linearly), and ``exact`` (CP-SAT, at most
    :data:`EXACT_MAX_S` seconds): on the graph itself when it has at most
    :data:`~baechi.algorithms.exact.EXACT_MAX_OPS` ops (from :data:`REDUCED_FIRST_MIN_OPS`
@@ -354,7 +354,8 @@ class Entry:
     found; ``relaxed`` has it solve its relaxation (``Problem.relaxed``); ``if_reduced_leads``
     skips it unless the fastest plan so far is m-ETF's with the pipeline, ahead of every plan
     of the graph itself (:data:`REDUCED_FIRST_MIN_OPS`); ``mixed_speeds`` skips it unless
-    the devices differ in speed or kind.
+    some op's time differs between devices (their speeds or kinds,
+    :attr:`~baechi.costmodel.CostModel.same_op_times`).
     """
 
     algorithm: str
@@ -468,11 +469,9 @@ def place_auto(request: Request) -> Outcome:
     best: Run | None = None
     seconds: dict[str, float] = {}
     deadline_reached = False
-    # an op's time differs between devices of other speeds or kinds
-    mixed_speeds = len({(d.speed, d.kind) for d in request.cluster.devices}) > 1
     entries = [e for e in PORTFOLIO if e.algorithm in ALGORITHMS and len(graph) >= e.min_ops
                and (e.max_ops is None or len(graph) <= e.max_ops)
-               and (mixed_speeds or not e.mixed_speeds)]
+               and not (e.mixed_speeds and request.cost.same_op_times)]
     # the cheap entries come first (the last resorts the last of them); when none found a
     # plan, the first blind start runs before the costlier entries (see BLIND_STARTS)
     last_cheap = max((i for i, e in enumerate(entries) if e.last_resort), default=len(entries))

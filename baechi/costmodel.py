@@ -161,6 +161,25 @@ class CostModel:
                 for pin, members in zip(units.pin, units.members, strict=True)]
 
     @functools.cached_property
+    def same_op_times(self) -> bool:
+        """Whether every op takes the same time on every device (no speeds or kinds tell
+        the devices apart).
+
+        Examples
+        --------
+        >>> from baechi import Cluster, load_graph
+        >>> g = load_graph({"format": "baechi.graph/v1",
+        ...                 "ops": [{"name": "a", "compute_us": 10}]})
+        >>> def same(*devices):
+        ...     return CostModel(g, Cluster.parse({"devices": list(devices)})).same_op_times
+        >>> same({"name": "x"}, {"name": "y", "kind": "tpu"})  # no time names a kind
+        True
+        >>> same({"name": "x"}, {"name": "y", "speed": 2})
+        False
+        """
+        return all(times == self.op_us[0] for times in self.op_us)
+
+    @functools.cached_property
     def op_running_bytes(self) -> list[int]:
         """Every op's :func:`running_bytes` under this cost model (its zero-time rule),
         computed once: the memory checks and bounds of a request each read it."""

@@ -925,10 +925,8 @@ def _same_device(model: cp_model.CpModel, on: dict[tuple[int, int], Any],
 def _interchangeable(problem: Problem, cost: CostModel) -> bool:
     """Whether every device is interchangeable: same op times, same budget, no pins (then any
     relabelling of a plan's devices is the same plan)."""
-    first = cost.op_us[0]
-    return (all(row == first for row in cost.op_us)
-            and len(set(problem.budget)) == 1 and all(p < 0 for p in problem.units.pin)
-            and _uniform_links(problem, cost))
+    return (cost.same_op_times and len(set(problem.budget)) == 1
+            and all(p < 0 for p in problem.units.pin) and _uniform_links(problem, cost))
 
 
 def _uniform_links(problem: Problem, cost: CostModel) -> bool:
