@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from conftest import DATA, HAVE_SHARED, SHARED
+from helpers import edge, graph_doc, op
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -215,9 +216,9 @@ def test_no_algorithm_puts_an_op_where_it_cannot_run(
         # only when some unit really has no device, or memory is limited
         assert "compute_us_by_kind" in str(exc) or memory is not None or algorithm == "single"
         return
-    for op in doc["ops"]:
-        kind = KINDS[plan.placement[op["name"]]]
-        assert op.get("compute_us_by_kind", {}).get(kind, 0) is not None, (op, kind)
+    for op_doc in doc["ops"]:
+        kind = KINDS[plan.placement[op_doc["name"]]]
+        assert op_doc.get("compute_us_by_kind", {}).get(kind, 0) is not None, (op_doc, kind)
     assert simulate(doc, plan) == plan.estimate  # the judge agrees, kinds checked
 
 
@@ -240,10 +241,9 @@ def test_m_eft_leaves_an_idle_slow_device_idle() -> None:
     """Layers of four 10 µs ops on a device of speed 1 and two of speed 0.2: m-ETF starts
     ops on the idle slow devices (50 µs each), which delay the next layer; m-EFT gives each
     op the device that finishes it first."""
-    ops = [{"name": f"l{layer}_{i}", "compute_us": 10} for layer in range(3) for i in range(4)]
-    edges = [{"src": f"l{layer}_{i}", "dst": f"l{layer + 1}_{j}", "bytes": 0}
-             for layer in range(2) for i in range(4) for j in range(4)]
-    doc = {"format": "baechi.graph/v1", "ops": ops, "edges": edges}
+    doc = graph_doc([op(f"l{layer}_{i}") for layer in range(3) for i in range(4)],
+                    [edge(f"l{layer}_{i}", f"l{layer + 1}_{j}")
+                     for layer in range(2) for i in range(4) for j in range(4)])
     cluster = {"devices": [{"name": "fast"}, {"name": "slow0", "speed": 0.2},
                            {"name": "slow1", "speed": 0.2}]}
     options = {"allow_single": False, "co_placement": False, "fusion": False}
@@ -258,10 +258,8 @@ def test_m_eft_leaves_an_idle_slow_device_idle() -> None:
 def test_auto_runs_m_eft_where_devices_differ(speeds: tuple[float, ...], runs_eft: bool
                                               ) -> None:
     # fork-join with slow links: no plan meets the lower bound, so every candidate runs
-    names = ("s", "x1", "x2", "t")
-    doc = {"format": "baechi.graph/v1", "ops": [{"name": n, "compute_us": 10} for n in names],
-           "edges": [{"src": a, "dst": b, "bytes": 0}
-                     for a, b in (("s", "x1"), ("s", "x2"), ("x1", "t"), ("x2", "t"))]}
+    doc = graph_doc([op(n) for n in ("s", "x1", "x2", "t")],
+                    [edge("s", "x1"), edge("s", "x2"), edge("x1", "t"), edge("x2", "t")])
     cluster = {"devices": [{"name": f"d{i}", "speed": v} for i, v in enumerate(speeds)],
                "network": {"latency_us": 100}}
     plan = place(doc, cluster, "auto", {"time_limit_s": 2})
