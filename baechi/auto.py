@@ -29,7 +29,8 @@ wins, so ``auto`` is never slower than any candidate it ran):
    dead-ends leaves a fast plan over a limit; repaired, it often beats m-fill's
    memory-first segments. When none of the cheap candidates (up to m-fill) found a plan,
    or m-ETF's (the first) overshot memory, the first blind start runs right after them,
-   before the costlier ones take the time.
+   before the costlier ones take the time; with no plan, after m-cut with the pipeline,
+   which secures one first (:data:`PORTFOLIO`).
    With still no plan, a last repair starts from the persistent bytes spread evenly
    (:data:`SPREAD_LABEL`); where they fill at least :data:`SPREAD_EARLY_SHARE` of the
    memory, right after the cheap candidates, followed by the repairs of their refused
@@ -355,7 +356,9 @@ class Entry:
     skips it unless the fastest plan so far is m-ETF's with the pipeline, ahead of every plan
     of the graph itself (:data:`REDUCED_FIRST_MIN_OPS`); ``mixed_speeds`` skips it unless
     some op's time differs between devices (their speeds or kinds,
-    :attr:`~baechi.costmodel.CostModel.same_op_times`).
+    :attr:`~baechi.costmodel.CostModel.same_op_times`); ``secures_plan``, while no
+    candidate has found a plan, runs it before the first blind start and lets it use all
+    the time left, the deadline still holding (see :data:`PORTFOLIO`).
     """
 
     algorithm: str
@@ -370,6 +373,7 @@ class Entry:
     cap_scale: float = 1.0
     if_reduced_leads: bool = False
     mixed_speeds: bool = False
+    secures_plan: bool = False
 
 
 #: The candidates, in the order they run: the first plan as m-ETF gives it, then the cheap
@@ -407,13 +411,29 @@ class Entry:
 #: 0.9993, 27 faster, 32 slower (pipedream_nasnetalarge, PCIe, 50%: 334.7 -> 300.4 ms;
 #: resnet50_training_operator, NVLink, suggested: 618.0 -> 658.4 ms, the time it took from the
 #: others): noise, for the time of two more candidates.
+#: m-cut with the pipeline ``secures_plan``: where no cheap candidate found a plan it runs
+#: before the first blind start (which then keeps a candidate's share, as with no plan) and
+#: may use all the time left. The blind start's repair may use its share and fail, and left
+#: m-cut too little: gnmt_baechi at 70% of its peak, NVLink, got no plan at 2 s on a machine
+#: where m-ETF places gnmt_baechi at 768 MiB in 0.18 s (BENCHMARKS.md's; here m-cut alone
+#: needs 0.14 s, the repair 0.28 s). Emulated at 0.36 s (six busy loops beside it on 2
+#: cores), after against before: NVLink 70% 117.2 ms where there was no plan (3 of 3 runs),
+#: PCIe 70% 129.6 ms against 124.9 (m-cut's plan; the repair now lacks the time), NVLink 75%
+#: 80.6 against 116.8 ms. ``python bench/compare.py`` at 2 s on a machine at 0.10 s, m-cut
+#: first wherever the first blind start ran early (a superset: where m-fill's plan fits too),
+#: 204 settings: geomean 0.9996, 7 faster, 14 slower (at most 2.1%: noise;
+#: resnet50_training_layer, PCIe, 30%: 626.7 -> 553.7 ms); with ``--fractions 0.4,0.6,0.7``
+#: on the five graphs of the memory sweep that have no-plan settings: 0.9987, none slower.
+#: Not where m-fill's plan fits: there, on the emulated slower machine, m-cut first and a
+#: candidate's share for the repair took m-SCT's time (pipedream_nasnetamobile, PCIe, 75%:
+#: 366.4 -> 419.2 ms).
 PORTFOLIO: tuple[Entry, ...] = (
     Entry("m-etf", True),
     Entry("m-topo", True),
     Entry("m-topo", False),
     Entry("m-fill", False, last_resort=True),
     Entry("m-fill", True, last_resort=True),
-    Entry("m-cut", True),
+    Entry("m-cut", True, secures_plan=True),
     Entry("m-cut", False, max_ops=CUT_MAX_OPS),
     Entry("m-etf", False),
     Entry("m-eft", False, mixed_speeds=True),
@@ -480,6 +500,7 @@ def place_auto(request: Request) -> Outcome:
     blind_done = False
     spread_done = False
     spread_best: Run | None = None  # the best plan when it is the spread start's repair
+    secured: Run | None = None  # the plan of a secures_plan entry, found while none was
     repaired_runs: list[Run] = []
     repaired_ids: set[tuple[int, Strategy]] = set()  # refused plans repaired, and how
 
@@ -537,14 +558,16 @@ def place_auto(request: Request) -> Outcome:
         if entry.algorithm == "exact" and not blind_done:
             blind()
         elif i > last_cheap and not blind_started and (
-                best is None or runs[0].simulation is None):
+                best is None or runs[0].simulation is None) and not (
+                best is None and entry.secures_plan):
             # no plan yet, or the first (m-ETF's) overshot memory: the memory-first plans
             # that fit lack its parallelism, which the repair of its blind plan keeps
             if best is None and _weights_fill(request):
                 spread()
                 # then, as in blind(), the refused plans: closer to a plan than the spread's
                 repair_refused()
-            share = CANDIDATE_SHARE if best is None else BLIND_SHARE / len(BLIND_STARTS)
+            share = CANDIDATE_SHARE if best is None or best is secured else \
+                BLIND_SHARE / len(BLIND_STARTS)
             take(_repairs(request, _blind_starts(request, blind_started, skip_single=True,
                                                  first_only=True, first_share=share),
                           _step_of(best)))
@@ -552,8 +575,9 @@ def place_auto(request: Request) -> Outcome:
         tick = time.perf_counter()
         # the first candidate has the whole time; only a last resort finishes past it
         last_resort = best is None and entry.last_resort
-        fraction = CANDIDATE_SHARE if entry.algorithm != "exact" else \
-            EXACT_SHARE if best is not None else 1.0  # with no plan, nothing else needs time
+        # with no plan, nothing after exact needs time, and m-cut's plan is worth all of it
+        fraction = 1.0 if best is None and (entry.algorithm == "exact" or entry.secures_plan) \
+            else EXACT_SHARE if entry.algorithm == "exact" else CANDIDATE_SHARE
         share = request if last_resort or not runs else dataclasses.replace(
             request, deadline=time.perf_counter() + fraction * request.seconds_left())
         run = _run_entry(share, entry, runs, last_resort=last_resort)
@@ -576,6 +600,8 @@ def place_auto(request: Request) -> Outcome:
             algorithm=entry.algorithm, pipeline=run.pipeline, step_time_us=run.step_time_us,
             seconds=time.perf_counter() - tick, note="; ".join(notes)))
         if run.simulation is not None and (best is None or _faster(run, best)):
+            if best is None and entry.secures_plan:
+                secured = run
             best = run
     if not blind_done and not request.expired():
         blind()
