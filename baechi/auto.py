@@ -415,8 +415,8 @@ class Entry:
 #: before the first blind start (which then keeps a candidate's share, as with no plan) and
 #: may use all the time left. The blind start's repair may use its share and fail, and left
 #: m-cut too little: gnmt_baechi at 70% of its peak, NVLink, got no plan at 2 s on a machine
-#: where m-ETF places gnmt_baechi at 768 MiB in 0.18 s (BENCHMARKS.md's; here m-cut alone
-#: needs 0.14 s, the repair 0.28 s). Emulated at 0.36 s (six busy loops beside it on 2
+#: where m-ETF places gnmt_baechi at 768 MiB in 0.18 s (on one at 0.10 s, m-cut alone needs
+#: 0.14 s there, the repair 0.28 s). Emulated at 0.36 s (six busy loops beside it on 2
 #: cores), after against before: NVLink 70% 117.2 ms where there was no plan (3 of 3 runs),
 #: PCIe 70% 129.6 ms against 124.9 (m-cut's plan; the repair now lacks the time), NVLink 75%
 #: 80.6 against 116.8 ms. ``python bench/compare.py`` at 2 s on a machine at 0.10 s, m-cut
@@ -575,9 +575,10 @@ def place_auto(request: Request) -> Outcome:
         tick = time.perf_counter()
         # the first candidate has the whole time; only a last resort finishes past it
         last_resort = best is None and entry.last_resort
-        # with no plan, nothing after exact needs time, and m-cut's plan is worth all of it
-        fraction = 1.0 if best is None and (entry.algorithm == "exact" or entry.secures_plan) \
-            else EXACT_SHARE if entry.algorithm == "exact" else CANDIDATE_SHARE
+        if best is None and (entry.algorithm == "exact" or entry.secures_plan):
+            fraction = 1.0  # nothing after exact needs time then; m-cut's plan is worth it
+        else:
+            fraction = EXACT_SHARE if entry.algorithm == "exact" else CANDIDATE_SHARE
         share = request if last_resort or not runs else dataclasses.replace(
             request, deadline=time.perf_counter() + fraction * request.seconds_left())
         run = _run_entry(share, entry, runs, last_resort=last_resort)

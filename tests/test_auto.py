@@ -173,7 +173,8 @@ def test_past_the_deadline_auto_returns_the_last_resorts_plan() -> None:
 def test_no_plan_by_the_deadline_says_a_longer_limit_may_find_one() -> None:
     """gnmt_baechi on 4 devices of 600 MiB: m-fill, the last resort, fits no plan, the
     repairs that do were never reached, so the error says the time limit stopped the search
-    (with time for them, a plan: test_when_no_cheap_entry_fits_m_cut_then_the_first_blind_start_runs_next)."""
+    (with time for them, a plan:
+    test_when_no_cheap_entry_fits_m_cut_then_the_first_blind_start_runs_next)."""
     doc = json.loads(GNMT.read_text())
     cluster = {"devices": {"count": 4, "memory_bytes": "600MiB"}}
     with pytest.raises(InfeasiblePlacement, match="within the time limit of 1e-09 s") as info:
