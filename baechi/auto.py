@@ -8,7 +8,7 @@ wins, so ``auto`` is never slower than any candidate it ran):
    without the pipeline, then m-cut (m-fill's kind of plan with the cheapest cuts; without
    the pipeline up to :data:`CUT_MAX_OPS` ops), m-ETF on the unreduced graph (the pipeline
    fuses away the parallelism of small graphs), m-EFT both ways where some op's time differs
-   between devices (:data:`PORTFOLIO`), m-SCT both ways (graphs up to
+   between devices (else later, step 7; :data:`PORTFOLIO`), m-SCT both ways (graphs up to
    :data:`SCT_MAX_OPS` ops: its LP grows super-linearly), and ``exact`` (CP-SAT, at most
    :data:`EXACT_MAX_S` seconds): on the graph itself when it has at most
    :data:`~baechi.algorithms.exact.EXACT_MAX_OPS` ops (from :data:`REDUCED_FIRST_MIN_OPS`
@@ -53,11 +53,13 @@ wins, so ``auto`` is never slower than any candidate it ran):
    otherwise leave the budget unused.
 6. Restarts, while time is left: local search from the next fastest plans found
    (:data:`SEARCH_RESTARTS`), since where it stagnates its result depends on its start.
-7. A finer reduction, with at least :data:`FINER_MIN_S` left: ``exact`` on the graph reduced
+7. On devices alike, with at least :data:`LATE_MIN_S` left: m-EFT both ways, skipped in step
+   1 there, then local search from the best plan when one of them is faster.
+8. A finer reduction, with at least :data:`FINER_MIN_S` left: ``exact`` on the graph reduced
    with the merge cap scaled by :data:`FINER_CAP_SCALE` (more, smaller nodes: the pipeline's
    fuse units of up to half a device under memory limits, which leaves few ways to split),
    on its relaxed model, then local search from its plan when it is faster.
-8. One long solve, with at least :data:`EXACT_LONG_MIN_S` left: ``exact`` on the graph
+9. One long solve, with at least :data:`EXACT_LONG_MIN_S` left: ``exact`` on the graph
    itself, where no run proved its plan optimal, hinted with the best plan and given the
    time left (until the deadline or a proof). Its rounds restart CP-SAT's search each time;
    one long run keeps what it learned (``gnmt_training_layer``, PCIe, 50% memory, at the
@@ -195,6 +197,20 @@ EXACT_LONG_MIN_S = EXACT_MAX_S
 #: slower (at most 4.1%: the noise of CP-SAT's two workers in the stages before it);
 #: resnet50_training_layer, PCIe, 30%: 630.2 -> 548.9 ms.
 FINER_MIN_S = 1.0
+
+#: With at least this many seconds left after the rounds and restarts, on devices that no
+#: op's time tells apart, the ``mixed_speeds`` entries (m-EFT both ways) run, each with
+#: :data:`CANDIDATE_SHARE` of the time left, then local search from the best plan when one
+#: of them is faster. There m-EFT differs from m-ETF only in which ready op goes first, and
+#: in the candidates' order its two runs took time the others needed at 2 s (see
+#: :data:`PORTFOLIO`); with time left they cost little, and ``auto`` is then never slower
+#: than named m-EFT. bench/misses.py at the default 60 s, before this step: 0.12% slower
+#: than named m-EFT on pipedream_nasnetamobile (NVLink, 70%) in one run of two. At 2 s it
+#: rarely has the time: ``python bench/compare.py --a baechi.auto.LATE_MIN_S=inf`` (204
+#: memory-limited settings) gave geomean 1.0004, 23 faster, 23 slower, and the two largest
+#: differences (resnet50_training_layer, NVLink, 30%, 9%; pipedream_densenet121, PCIe, 75%,
+#: 6%) came back in reruns where the step did not run: noise.
+LATE_MIN_S = 1.0
 
 #: The scale of the merge cap (:func:`~baechi.grouping.merge_cap`) of the finer reduction
 #: (:data:`FINER_MIN_S`). Under memory limits the pipeline fuses units of up to half a device
@@ -354,9 +370,10 @@ class Entry:
     (``Problem.hint``); ``last_resort`` lets it start after the deadline while no plan was
     found; ``relaxed`` has it solve its relaxation (``Problem.relaxed``); ``if_reduced_leads``
     skips it unless the fastest plan so far is m-ETF's with the pipeline, ahead of every plan
-    of the graph itself (:data:`REDUCED_FIRST_MIN_OPS`); ``mixed_speeds`` skips it unless
-    some op's time differs between devices (their speeds or kinds,
-    :attr:`~baechi.costmodel.CostModel.same_op_times`); ``secures_plan``, while no
+    of the graph itself (:data:`REDUCED_FIRST_MIN_OPS`); ``mixed_speeds`` runs it in order
+    only where some op's time differs between devices (their speeds or kinds,
+    :attr:`~baechi.costmodel.CostModel.same_op_times`), elsewhere late, with time left
+    (:data:`LATE_MIN_S`); ``secures_plan``, while no
     candidate has found a plan, runs it before the first blind start and lets it use all
     the time left, the deadline still holding (see :data:`PORTFOLIO`).
     """
@@ -410,7 +427,10 @@ class Entry:
 #: run there too, on bench/run.py's 204 memory-limited settings at 2 s (one pass), geomean
 #: 0.9993, 27 faster, 32 slower (pipedream_nasnetalarge, PCIe, 50%: 334.7 -> 300.4 ms;
 #: resnet50_training_operator, NVLink, suggested: 618.0 -> 658.4 ms, the time it took from the
-#: others): noise, for the time of two more candidates.
+#: others): noise, for the time of two more candidates. Again on a machine where m-ETF places
+#: gnmt_baechi at 768 MiB in 0.10 s (``python bench/eft.py --identical``): 1.0008, 9 faster, 18
+#: slower (resnet50_training_layer, PCIe, 50%: 375.7 -> 417.6 ms), and nasnetalarge's 299.7 ms
+#: without them. Hence, on devices alike, they run late, with time left (:data:`LATE_MIN_S`).
 #: m-cut with the pipeline ``secures_plan``: where no cheap candidate found a plan it runs
 #: before the first blind start (which then keeps a candidate's share, as with no plan) and
 #: may use all the time left. The blind start's repair may use its share and fail, and left
@@ -489,9 +509,11 @@ def place_auto(request: Request) -> Outcome:
     best: Run | None = None
     seconds: dict[str, float] = {}
     deadline_reached = False
-    entries = [e for e in PORTFOLIO if e.algorithm in ALGORITHMS and len(graph) >= e.min_ops
-               and (e.max_ops is None or len(graph) <= e.max_ops)
-               and not (e.mixed_speeds and request.cost.same_op_times)]
+    applicable = [e for e in PORTFOLIO if e.algorithm in ALGORITHMS and len(graph) >= e.min_ops
+                  and (e.max_ops is None or len(graph) <= e.max_ops)]
+    # on devices alike, the mixed_speeds entries run late, with time left (LATE_MIN_S)
+    late = [e for e in applicable if e.mixed_speeds and request.cost.same_op_times]
+    entries = [e for e in applicable if e not in late]
     # the cheap entries come first (the last resorts the last of them); when none found a
     # plan, the first blind start runs before the costlier entries (see BLIND_STARTS)
     last_cheap = max((i for i, e in enumerate(entries) if e.last_resort), default=len(entries))
@@ -635,12 +657,15 @@ def place_auto(request: Request) -> Outcome:
     rounds: list[tuple[Entry, bool] | None] = [None, *((e, not e.hinted) for e in solver_entries)]
     search_starts: set[int] = set()  # signatures of the plans local search started from
 
-    def solve_again(entry: Entry, note: str) -> Run | None:
-        """Run a solver entry again (a hinted one from the best plan so far) and record it;
-        when its plan is faster, make it the best and return its run."""
+    def solve_again(entry: Entry, note: str, share: float = 1.0) -> Run | None:
+        """Run an entry (again, for a solver: a hinted one from the best plan so far) with
+        ``share`` of the time left and record it; when its plan is faster, make it the best
+        and return its run."""
         nonlocal seconds, bound_us, best, simulation, chosen
         tick = time.perf_counter()
-        run = _run_entry(request, entry, runs, start=simulation)
+        within = request if share == 1.0 else dataclasses.replace(
+            request, deadline=time.perf_counter() + share * request.seconds_left())
+        run = _run_entry(within, entry, runs, start=simulation)
         if run is None:
             return None
         runs.append(run)
@@ -694,6 +719,15 @@ def place_auto(request: Request) -> Outcome:
             best, simulation = run, searched
             chosen = Chosen(algorithm=run.algorithm, pipeline=run.pipeline,
                             local_search=searched is not run.simulation)
+    # time left, on identical devices: the entries skipped there (m-EFT), cheap by now
+    faster = False
+    for entry in late:
+        if request.seconds_left() < LATE_MIN_S or meets_bound(simulation, bound_us):
+            break
+        faster |= solve_again(entry, "with time left (devices alike)",
+                              CANDIDATE_SHARE) is not None
+    if faster and not request.expired():
+        search_best()
     # time left: exact on a finer reduction, whose smaller nodes leave ways to split and
     # overlap that the pipeline's fused away, then local search from its plan when faster
     if request.seconds_left() >= FINER_MIN_S and not meets_bound(simulation, bound_us):

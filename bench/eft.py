@@ -8,8 +8,9 @@ By default, ``auto`` without the m-EFT entries (A) against ``auto`` as it is (B)
 clusters whose devices differ in speed, where ``auto`` runs m-EFT: bench/generated.py's
 graphs on its three devices of speeds 1, 0.5, 0.5 (memory unlimited and at its share of each
 graph's peak) and the shared graphs that hold memory on bench/clusters.py's mixed cluster
-(both networks). ``--identical``: ``auto`` as it is (A) against ``auto`` running m-EFT on
-identical devices too (B), on bench/run.py's memory-limited settings. The two runs of a
+(both networks). ``--identical``: ``auto`` as it is (A: on identical devices m-EFT runs late,
+with time left) against ``auto`` running m-EFT among the candidates there too (B), on
+bench/run.py's memory-limited settings. The two runs of a
 setting go back to back; prints the settings whose step times differ by more than 0.1% and
 the geometric mean of B over A. Run on an idle machine: ``auto``'s plans depend on how much
 work fits in its time limit. The numbers behind :data:`baechi.auto.PORTFOLIO`'s m-EFT note.

@@ -13,8 +13,9 @@ from helpers import edge, graph_doc, op
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from baechi import Cluster, load_graph, place, simulate
+from baechi import Cluster, auto, load_graph, place, simulate
 from baechi.algorithms import ALGORITHMS
+from baechi.auto import Entry
 from baechi.costmodel import CostModel
 from baechi.errors import InfeasiblePlacement, InvalidCluster, InvalidGraph, InvalidPlan
 from baechi.fusion import fuse
@@ -254,17 +255,30 @@ def test_m_eft_leaves_an_idle_slow_device_idle() -> None:
     assert simulate(doc, eft, cluster) == eft.estimate
 
 
-@pytest.mark.parametrize("speeds, runs_eft", [((1.0, 1.0), False), ((1.0, 0.5), True)])
-def test_auto_runs_m_eft_where_devices_differ(speeds: tuple[float, ...], runs_eft: bool
-                                              ) -> None:
-    # fork-join with slow links: no plan meets the lower bound, so every candidate runs
+@pytest.mark.parametrize("speeds", [(1.0, 1.0), (1.0, 0.5)])
+def test_auto_runs_m_eft_in_order_where_devices_differ_else_late(
+        speeds: tuple[float, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where devices differ, m-EFT runs both ways among the candidates, before local search;
+    on devices alike, after it, with time left (``LATE_MIN_S``). Either way the plan is no
+    slower than m-EFT's."""
+    monkeypatch.setattr(auto, "PORTFOLIO", (
+        Entry("m-etf", True), Entry("m-eft", False, mixed_speeds=True),
+        Entry("m-eft", True, mixed_speeds=True)))
+    # fork-join with slow links: no plan meets the lower bound, so every stage runs
     doc = graph_doc([op(n) for n in ("s", "x1", "x2", "t")],
                     [edge("s", "x1"), edge("s", "x2"), edge("x1", "t"), edge("x2", "t")])
     cluster = {"devices": [{"name": f"d{i}", "speed": v} for i, v in enumerate(speeds)],
                "network": {"latency_us": 100}}
-    plan = place(doc, cluster, "auto", {"time_limit_s": 2})
-    eft_pipelines = {c.pipeline for c in plan.stats.candidates if c.algorithm == "m-eft"}
-    assert eft_pipelines == ({True, False} if runs_eft else set())
+    plan = place(doc, cluster, "auto", {"time_limit_s": 3})
+    names = [c.algorithm for c in plan.stats.candidates]
+    eft = [i for i, name in enumerate(names) if name == "m-eft"]
+    assert {plan.stats.candidates[i].pipeline for i in eft} == {True, False}
+    alike = len(set(speeds)) == 1
+    assert (min(eft) > names.index("local-search")) == alike
+    assert all((plan.stats.candidates[i].note == "with time left (devices alike)") == alike
+               for i in eft)
+    assert all(plan.estimate.step_time_us <= plan.stats.candidates[i].step_time_us
+               for i in eft)
 
 
 def _explicit_defaults(case: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
