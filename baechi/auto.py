@@ -601,8 +601,7 @@ def place_auto(request: Request) -> Outcome:
             fraction = 1.0  # nothing after exact needs time then; m-cut's plan is worth it
         else:
             fraction = EXACT_SHARE if entry.algorithm == "exact" else CANDIDATE_SHARE
-        share = request if last_resort or not runs else dataclasses.replace(
-            request, deadline=time.perf_counter() + fraction * request.seconds_left())
+        share = request if last_resort or not runs else _share(request, fraction)
         run = _run_entry(share, entry, runs, last_resort=last_resort)
         if run is None:
             continue
@@ -663,9 +662,7 @@ def place_auto(request: Request) -> Outcome:
         and return its run."""
         nonlocal seconds, bound_us, best, simulation, chosen
         tick = time.perf_counter()
-        within = request if share == 1.0 else dataclasses.replace(
-            request, deadline=time.perf_counter() + share * request.seconds_left())
-        run = _run_entry(within, entry, runs, start=simulation)
+        run = _run_entry(_share(request, share), entry, runs, start=simulation)
         if run is None:
             return None
         runs.append(run)
@@ -752,6 +749,14 @@ def place_auto(request: Request) -> Outcome:
               for run in runs if run.simulation is not None and run.simulation is not simulation]
     return Outcome(best, simulation, candidates, chosen, seconds, deadline_reached, bound_us,
                    others)
+
+
+def _share(request: Request, fraction: float) -> Request:
+    """``request`` with its deadline ``fraction`` of the time left from now (itself at 1)."""
+    if fraction == 1.0:
+        return request
+    return dataclasses.replace(
+        request, deadline=time.perf_counter() + fraction * request.seconds_left())
 
 
 def _run_entry(request: Request, entry: Entry, runs: list[Run], *, last_resort: bool = False,

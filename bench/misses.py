@@ -22,7 +22,6 @@ rows it reads.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
@@ -36,10 +35,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import clusters  # noqa: E402  (bench/ is not a package)
 import generated  # noqa: E402
+from compare import place_auto  # noqa: E402
 from run import (  # noqa: E402
     AUTO_TIME_LIMIT_S,
     NETWORKS,
+    fastest,
     fastest_steps,
+    named_label,
+    named_steps,
     number,
     read_rows,
     rewrite_fragment,
@@ -68,24 +71,24 @@ def graph_doc(shared: Path, group: str, name: str) -> dict[str, Any]:
 def misses(shared: Path) -> Iterator[Miss]:
     """Every setting of the last benchmark runs where ``auto`` was slower than a named plan."""
     rows = read_rows(ROOT / "bench" / "results.csv")
-    named = {}  # per setting, the fastest named plan's label and step
+    steps: dict[tuple[str, ...], dict[str, float]] = {}  # per setting, each named plan's
     for r in rows:
         if r["status"] == "ok" and r["algorithm"] != "auto":
-            key, step = setting_key(r), float(r["step_us"])
-            label = r["algorithm"] + ("" if r["pipeline"] else "/unreduced")
-            if key not in named or step < named[key][1]:
-                named[key] = (label, step)
+            steps.setdefault(setting_key(r), {})[named_label(r["algorithm"], r["pipeline"])] = \
+                float(r["step_us"])
+    named = {key: fastest(found) for key, found in steps.items()}
     autos = fastest_steps([r for r in rows if r["algorithm"] == "auto"])
     for r in rows:
         key = setting_key(r)
         if r["algorithm"] == "auto" and key in autos and key in named \
-                and autos[key] > (1 + WORSE) * named[key][1]:
+                and autos[key] > (1 + WORSE) * named[key]["named_us"]:
             network, memory = NETWORKS[r["network"]], r["memory_bytes"]
             devices = {"count": r["devices"],
                        **({"memory_bytes": memory} if memory is not None else {})}
             yield ("run.py", f"{r['graph']} {r['network']} {r['memory']}",
                    graph_doc(shared, r["group"], r["graph"]),
-                   {"devices": devices, "network": network}, *named[key], autos[key])
+                   {"devices": devices, "network": network}, named[key]["named"],
+                   named[key]["named_us"], autos[key])
     for r in sweep_rows("memory_sweep"):
         yield ("memory_sweep.py", f"{r['graph']} {r['network']} {r['memory']}",
                graph_doc(shared, r["group"], r["graph"]),
@@ -118,25 +121,13 @@ def sweep_rows(name: str) -> list[dict[str, Any]]:
 
 def place_again(miss: Miss) -> dict[str, Any]:
     """The miss's row: its 2 s figures and both plans at the default time limit."""
-    from baechi import InfeasiblePlacement, place
-
     source, label, doc, cluster, named, named_us, auto_us = miss
     algorithm, _, unreduced = named.partition("/")
-    pipeline = not unreduced
-    row: dict[str, Any] = {"source": source, "setting": label, "named": named,
-                           "named_2s_us": named_us, "auto_2s_us": auto_us}
-    options = {"allow_single": False, "co_placement": pipeline, "fusion": pipeline}
-    with contextlib.suppress(InfeasiblePlacement):
-        plan = place(doc, cluster, algorithm, options)
-        assert plan.estimate is not None
-        row["named_us"] = plan.estimate.step_time_us
-    tick = time.perf_counter()
-    with contextlib.suppress(InfeasiblePlacement):
-        plan = place(doc, cluster, "auto")
-        assert plan.estimate is not None
-        row["auto_us"] = plan.estimate.step_time_us
-    row["auto_seconds"] = time.perf_counter() - tick
-    return row
+    again = named_steps(doc, cluster, [(algorithm, not unreduced, {})])
+    step, seconds = place_auto(doc, cluster, Options().time_limit_s)  # a request without one
+    return {"source": source, "setting": label, "named": named, "named_2s_us": named_us,
+            "auto_2s_us": auto_us, "named_us": again.get(named), "auto_us": step,
+            "auto_seconds": seconds}
 
 
 def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:

@@ -589,6 +589,11 @@ def ratio(row: dict[str, Any], key: str = "named_us") -> float | None:
     return None if auto is None or other is None else auto / other
 
 
+def named_label(algorithm: str, pipeline: bool) -> str:
+    """A run's label in the sweeps' tables: ``m-etf``, ``m-etf/unreduced``."""
+    return algorithm + ("" if pipeline else "/unreduced")
+
+
 def named_steps(doc: dict[str, Any], cluster: dict[str, Any],
                 runs: Iterable[tuple[str, bool, dict[str, Any]]]) -> dict[str, float]:
     """Step time (µs) of each named run (algorithm, with the pipeline, more options) that
@@ -602,7 +607,7 @@ def named_steps(doc: dict[str, Any], cluster: dict[str, Any],
         with contextlib.suppress(InfeasiblePlacement):
             plan = place(doc, cluster, algorithm, options)
             assert plan.estimate is not None
-            steps[algorithm + ("" if pipeline else "/unreduced")] = plan.estimate.step_time_us
+            steps[named_label(algorithm, pipeline)] = plan.estimate.step_time_us
     return steps
 
 
@@ -623,7 +628,7 @@ def no_auto_plan(rows: list[dict[str, Any]]) -> int:
 
 def chosen_label(chosen: Chosen) -> str:
     """``auto``'s choice as the tables show it: ``m-fill/unreduced + search``."""
-    return (chosen.algorithm + ("" if chosen.pipeline else "/unreduced")
+    return (named_label(chosen.algorithm, chosen.pipeline)
             + (" + search" if chosen.local_search else ""))
 
 
