@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from baechi.jobs import queue as jobs
+from baechi.jobs import queue as jobqueue
 from baechi.jobs.settings import Settings
 from baechi.jobs.store import PlacementRecord, Store
 from rq.job import Job, JobStatus
@@ -52,7 +52,7 @@ def describe_failure(exc_string: str, *, timeout_s: int | None = None,
                     f"{timeout_s} s and its worker had to kill it"}
         return {"code": WORKER_DIED, "message": (
             "the worker running this placement died (killed or crashed) on its last attempt; "
-            f"it was attempted {jobs.RETRIES + 1} times. Submit it again to retry"
+            f"it was attempted {jobqueue.RETRIES + 1} times. Submit it again to retry"
         )}
     if "JobTimeoutException" in text:
         return {"code": TIMEOUT, "message": f"the placement exceeded its time limit of "
@@ -90,7 +90,7 @@ def resolve(record: PlacementRecord, job: Job | None) -> View:
         return _rq_end(record, job, "failed", error)
     started = record.started_at or _stamp(job.started_at)
     if status == JobStatus.STARTED:
-        progress = jobs.progress(job) or {"phase": "starting", "fraction": 0.0}
+        progress = jobqueue.progress(job) or {"phase": "starting", "fraction": 0.0}
         return View(record, "running", progress, None, started, None)
     return View(record, "queued", {"phase": "queued", "fraction": 0.0}, None, started, None)
 
@@ -114,7 +114,7 @@ def _ended(record: PlacementRecord, job: Job | None) -> View:
     if record.status == "finished":
         progress: dict[str, Any] = {"phase": "done", "fraction": 1.0}
     else:
-        last = jobs.progress(job) if job is not None else None
+        last = jobqueue.progress(job) if job is not None else None
         progress = {"phase": record.status,
                     "fraction": float(last.get("fraction", 0.0)) if last else 0.0}
     error = record.error

@@ -21,11 +21,11 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 #: The function a worker runs for a placement (imported by name in the worker).
-JOB_FUNCTION = "baechi.worker.jobs.run_placement"
+JOB_FUNCTION = "baechi.worker.tasks.run_placement"
 #: Called by RQ when a job fails outside the function: abandoned by a dead worker, crashed.
-FAILURE_CALLBACK = "baechi.worker.jobs.on_failure"
+FAILURE_CALLBACK = "baechi.worker.tasks.on_failure"
 #: The function a worker runs to render a finished placement's HTML report, once.
-REPORT_FUNCTION = "baechi.worker.jobs.render_report"
+REPORT_FUNCTION = "baechi.worker.tasks.render_report"
 #: DESIGN §7: a failed job is run once more.
 RETRIES = 1
 SERIALIZER = JSONSerializer

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from baechi.jobs import queue as jobs
+from baechi.jobs import queue as jobqueue
 from baechi.jobs.connection import connect
 from baechi.jobs.settings import Settings, get_settings
 from baechi.jobs.store import Store
@@ -52,7 +52,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   description=DESCRIPTION, lifespan=lifespan)
     redis = connect(settings.redis_url, socket_timeout=10.0)
     store = Store(redis)
-    queue = jobs.make_queue(redis, settings)
+    queue = jobqueue.make_queue(redis, settings)
     metrics.watch(store, queue, settings.worker_ttl_s)
     app.state.settings = settings
     app.state.metrics = metrics

@@ -20,7 +20,7 @@ USERS_OWN = ("client", "service", "worker")
 IMPORTS = (
     "import client, service, worker\n"
     "from baechi import client as ours\n"
-    "import baechi.service.app, baechi.worker.runner, baechi.worker.jobs, baechi.jobs.store\n"
+    "import baechi.service.app, baechi.worker.runner, baechi.worker.tasks, baechi.jobs.store\n"
     "assert client.WHO == \"the user's client\", client.WHO\n"
     "assert service.WHO == \"the user's service\" and worker.WHO == \"the user's worker\"\n"
     "assert hasattr(ours, 'BaechiClient') and ours.__name__ == 'baechi.client'\n"

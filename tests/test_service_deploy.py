@@ -88,7 +88,7 @@ def test_cli_modules_import_nothing_heavy(module: str) -> None:
 
 
 @pytest.mark.parametrize(("side", "other"), [
-    ("baechi.worker.runner, baechi.worker.jobs, baechi.worker.health, baechi.worker.cli",
+    ("baechi.worker.runner, baechi.worker.tasks, baechi.worker.health, baechi.worker.cli",
      "baechi.service"),
     ("baechi.service.app, baechi.service.cli", "baechi.worker"),
 ])

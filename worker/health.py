@@ -13,7 +13,7 @@ import time
 
 
 def main() -> int:
-    from baechi.jobs import queue as jobs
+    from baechi.jobs import queue as jobqueue
     from baechi.jobs.connection import RedisUnavailable, connect
     from baechi.jobs.settings import get_settings
     from redis.exceptions import RedisError
@@ -23,7 +23,7 @@ def main() -> int:
     prefix = socket.gethostname() + "."
     try:
         redis = connect(settings.redis_url, check=True, socket_timeout=5)
-        queue = Queue(settings.queue_name, connection=redis, serializer=jobs.SERIALIZER)
+        queue = Queue(settings.queue_name, connection=redis, serializer=jobqueue.SERIALIZER)
         workers = Worker.all(queue=queue)
     except (RedisUnavailable, RedisError) as exc:
         print(f"unhealthy: {exc}", file=sys.stderr)

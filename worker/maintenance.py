@@ -10,7 +10,7 @@ One worker sweeps per interval (a Redis lock), whichever gets there first.
 
 from __future__ import annotations
 
-from baechi.jobs import queue as jobs
+from baechi.jobs import queue as jobqueue
 from baechi.jobs.lifecycle import settle
 from baechi.jobs.settings import Settings
 from baechi.jobs.store import PREFIX, Store
@@ -30,7 +30,7 @@ def sweep(store: Store, settings: Settings) -> None:
         store.forget_active(tenant, [pid for pid, record in zip(ids, records, strict=True)
                                      if record is None or record.terminal])
         live = [record for record in records if record is not None and not record.terminal]
-        found = jobs.fetch_many(store.redis, [record.id for record in live])
+        found = jobqueue.fetch_many(store.redis, [record.id for record in live])
         for record, job in zip(live, found, strict=True):
             settle(store, settings, record, job)
     for tenant in store.tenants():

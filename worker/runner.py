@@ -16,7 +16,7 @@ import socket
 import sys
 
 import redis.exceptions
-from baechi.jobs import queue as jobs
+from baechi.jobs import queue as jobqueue
 from baechi.jobs.lifecycle import describe_failure
 from baechi.jobs.settings import Settings
 from baechi.jobs.store import Store
@@ -81,9 +81,9 @@ class PlacementWorker(Worker):
         # A work horse killed by a signal (OOM killer, kill -9) fails here without RQ calling
         # the job's failure callback; record it once the retry is spent.
         if job.get_status(refresh=True) == JobStatus.FAILED:
-            from baechi.worker.jobs import record_failure, report_failed
+            from baechi.worker.tasks import record_failure, report_failed
 
-            if job.func_name == jobs.REPORT_FUNCTION:
+            if job.func_name == jobqueue.REPORT_FUNCTION:
                 report_failed(Store(self.connection), job.args[0], exc_string)
                 return
 
@@ -120,7 +120,7 @@ def preload() -> None:
     before forking): it lives as long as the worker, and a work horse's full collections no
     longer walk it, nor copy its pages on write. GNMT under 700 MiB, ``auto`` at 5 s in a
     forked child: 0.16-0.19 s of full collections instead of 0.02-0.03 s."""
-    import baechi.worker.jobs
+    import baechi.worker.tasks
 
     import baechi.algorithms  # noqa: F401
 
@@ -130,13 +130,13 @@ def preload() -> None:
 def build_worker(settings: Settings, redis: Redis, queue_name: str | None = None,
                  name: str | None = None) -> PlacementWorker:
     queue = Queue(queue_name or settings.queue_name, connection=redis,
-                  serializer=jobs.SERIALIZER)
+                  serializer=jobqueue.SERIALIZER)
     # placements first: RQ takes from the first queue that has a job
     worker = PlacementWorker(
-        [queue, jobs.make_report_queue(redis, settings)],
+        [queue, jobqueue.make_report_queue(redis, settings)],
         name=name or default_name(),
         connection=redis,
-        serializer=jobs.SERIALIZER,
+        serializer=jobqueue.SERIALIZER,
         worker_ttl=settings.worker_ttl_s,
         job_monitoring_interval=settings.worker_heartbeat_s,
         maintenance_interval=settings.worker_maintenance_s,

@@ -13,7 +13,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated
 
-from baechi.jobs import queue as jobs
+from baechi.jobs import queue as jobqueue
 from baechi.jobs.lifecycle import View, resolve
 from baechi.jobs.store import KeyReused, PlacementRecord, TooManyActive
 from baechi.service.deps import RawBody, Services, ServicesDep, Tenant
@@ -80,7 +80,7 @@ def submit(
     try:
         submission = store.submit(
             record, request.digest, settings.result_ttl_s,
-            lambda pipe: jobs.enqueue(services.queue, record.id, record.timeout_s, settings,
+            lambda pipe: jobqueue.enqueue(services.queue, record.id, record.timeout_s, settings,
                                       pipeline=pipe),
             max_active=settings.tenant_max_active, key=idempotency_key, rerun=rerun)
     except KeyReused as exc:
@@ -132,7 +132,7 @@ def list_placements(
         live = [r for r in records if r is not None and r.tenant == tenant]
         pending = [r for r in live if not r.terminal]
         found = dict(zip([r.id for r in pending],
-                         jobs.fetch_many(services.redis, [r.id for r in pending]), strict=True))
+                         jobqueue.fetch_many(services.redis, [r.id for r in pending]), strict=True))
         items += [_status(resolve(r, found.get(r.id))) for r in live]
         before = rows[-1][1]
     next_cursor = str(before) if more and items else None
@@ -158,9 +158,9 @@ def cancel_placement(placement_id: str, tenant: Tenant,
         previous = services.store.transition(placement_id, "canceled",
                                              services.settings.result_ttl_s,
                                              finished_at=time.time())
-        job = jobs.fetch(services.redis, placement_id)
+        job = jobqueue.fetch(services.redis, placement_id)
         if job is not None and previous not in ("finished", "failed"):
-            jobs.cancel(services.redis, job)
+            jobqueue.cancel(services.redis, job)
         view = _view(services, tenant, placement_id)
     return _status(view)
 
@@ -228,7 +228,7 @@ def _view(services: Services, tenant: str, placement_id: str) -> View:
     record = services.store.get(placement_id)
     if record is None or record.tenant != tenant:
         raise ApiError(404, "not_found", f"no placement {placement_id}", {"id": placement_id})
-    job = None if record.terminal else jobs.fetch(services.redis, placement_id)
+    job = None if record.terminal else jobqueue.fetch(services.redis, placement_id)
     return resolve(record, job)
 
 
