@@ -35,7 +35,7 @@ def same_losses(name: str, model: Any, x: Any, y: Any, loss: Any, optimizer: Any
                 plan: Any) -> bool:
     """3 enforced placed steps compute the losses 3 unplaced steps compute (bit for bit)."""
     import tensorflow as tf
-    from baechi.client.train_step import make_train_step
+    from baechi.client.tf.train_step import make_train_step
 
     from baechi import client
 
@@ -50,7 +50,7 @@ def same_losses(name: str, model: Any, x: Any, y: Any, loss: Any, optimizer: Any
         base = [float(unplaced(x, y)) for _ in range(3)]
         for variable, value in zip(variables, initial, strict=True):
             variable.assign(value)
-        step = client.apply_plan(model, plan, optimizer).train_step(loss)
+        step = client.apply_plan(model, plan, optimizer=optimizer).train_step(loss)
         placed = [float(step(x, y)) for _ in range(3)]
     finally:
         tf.config.optimizer.set_experimental_options(
@@ -62,7 +62,7 @@ def same_losses(name: str, model: Any, x: Any, y: Any, loss: Any, optimizer: Any
 
 
 def run(name: str, steps: int) -> dict[str, Any]:
-    from baechi.client.models import EXAMPLES
+    from baechi.examples.keras_models import EXAMPLES
 
     import baechi
     from baechi import client
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "bench" / "fragments" / "tf_measure.md"))
     args = parser.parse_args(argv)
 
-    from baechi.client.devices import split_cpu
+    from baechi.client.tf.devices import split_cpu
 
     split_cpu(DEVICES)
     results = []

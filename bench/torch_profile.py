@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 from baechi.client.torch import apply_plan, profile, verify_transfers  # noqa: E402
-from baechi.client.torch.models import make_resnet18, make_transformer  # noqa: E402
+from baechi.examples.torch_models import make_resnet18, make_transformer  # noqa: E402
 
 import baechi  # noqa: E402
 
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
              "",
              f"`baechi.client.torch.profile` on the CPU (torch {torch.__version__}, 1 intra-op "
              f"thread, {args.steps} profiled steps after 1 warm-up; op time = median over the "
-             "steps), models written in plain `torch.nn` (`baechi.client.torch.models`). "
+             "steps), models written in plain `torch.nn` (`baechi.examples.torch_models`). "
              f"The machine's 1-minute load average was {load_before:.1f} at the start and "
              f"{os.getloadavg()[0]:.1f} at the end (2 cores, shared with other jobs: the "
              "absolute times vary by up to 2× between runs; the ratios far less).",

@@ -35,9 +35,9 @@ from baechi.client.errors import (
 )
 
 if TYPE_CHECKING:
-    from baechi.client.measurement import MeasureReport
-    from baechi.client.pinning import AppliedPlan
     from baechi.client.sdk import BaechiClient, Placement, PlacementStatus
+    from baechi.client.tf.measurement import MeasureReport
+    from baechi.client.tf.pinning import AppliedPlan
 
 _SDK = ("BaechiClient", "Placement", "PlacementStatus")
 
@@ -55,30 +55,30 @@ def profile(model: Any, x: Any, y: Any, loss: Any, optimizer: Any, steps: int = 
             **kwargs: Any) -> dict[str, Any]:
     """Profile one training step of a Keras model into a ``baechi.graph/v1`` document.
 
-    See :func:`baechi.client.profiler.profile` for the parameters.
+    See :func:`baechi.client.tf.profiler.profile` for the parameters.
     """
-    from baechi.client.profiler import profile as _profile
+    from baechi.client.tf.profiler import profile as _profile
 
     return _profile(model, x, y, loss, optimizer, steps=steps, **kwargs)
 
 
-def apply_plan(model: Any, plan: Any, optimizer: Any = None, **kwargs: Any) -> AppliedPlan:
+def apply_plan(model: Any, plan: Any, device_map: Any = None, **kwargs: Any) -> AppliedPlan:
     """Move a Keras model's variables and ops to the devices a plan names.
 
-    See :func:`baechi.client.pinning.apply_plan` for the parameters.
+    See :func:`baechi.client.tf.pinning.apply_plan` for the parameters.
     """
-    from baechi.client.pinning import apply_plan as _apply_plan
+    from baechi.client.tf.pinning import apply_plan as _apply_plan
 
-    return _apply_plan(model, plan, optimizer, **kwargs)
+    return _apply_plan(model, plan, device_map, **kwargs)
 
 
 def measure(model: Any, x: Any, y: Any, plan: Any, steps: int = 5,
             **kwargs: Any) -> MeasureReport:
     """Run placed training steps and report how closely TensorFlow followed the plan.
 
-    See :func:`baechi.client.measurement.measure` for the parameters.
+    See :func:`baechi.client.tf.measurement.measure` for the parameters.
     """
-    from baechi.client.measurement import measure as _measure
+    from baechi.client.tf.measurement import measure as _measure
 
     return _measure(model, x, y, plan, steps=steps, **kwargs)
 

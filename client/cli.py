@@ -209,8 +209,8 @@ def _profile(args: argparse.Namespace) -> int:
     from baechi.cli import require_extra
 
     require_extra("tf", "profile")
-    from baechi.client.models import EXAMPLES
-    from baechi.client.profiler import profile
+    from baechi.client.tf.profiler import profile
+    from baechi.examples.keras_models import EXAMPLES
 
     example = EXAMPLES[args.model]
     model, x, y, loss, optimizer = example.make(args.batch)
@@ -236,11 +236,11 @@ def _measure(args: argparse.Namespace) -> int:
 
     require_extra("tf", "measure")
     import tensorflow as tf
-    from baechi.client.devices import split_cpu
     from baechi.client.errors import InvalidInput
-    from baechi.client.measurement import measure
-    from baechi.client.models import EXAMPLES
-    from baechi.client.profiler import profile
+    from baechi.client.tf.devices import split_cpu
+    from baechi.client.tf.measurement import measure
+    from baechi.client.tf.profiler import profile
+    from baechi.examples.keras_models import EXAMPLES
 
     import baechi
 

@@ -349,15 +349,15 @@ class BaechiClient:
     def profile(self, model: Any, x: Any, y: Any, loss: Any, optimizer: Any,
                 steps: int = 5, **kwargs: Any) -> dict[str, Any]:
         """Profile a Keras training step: see :func:`client.profile`."""
-        from baechi.client.profiler import profile
+        from baechi.client.tf.profiler import profile
 
         return profile(model, x, y, loss, optimizer, steps=steps, **kwargs)
 
-    def apply_plan(self, model: Any, plan: Any, optimizer: Any = None, **kwargs: Any) -> Any:
+    def apply_plan(self, model: Any, plan: Any, device_map: Any = None, **kwargs: Any) -> Any:
         """Pin a model onto local devices: see :func:`client.apply_plan`."""
-        from baechi.client.pinning import apply_plan
+        from baechi.client.tf.pinning import apply_plan
 
-        return apply_plan(model, plan, optimizer, **kwargs)
+        return apply_plan(model, plan, device_map, **kwargs)
 
 
 # --------------------------------------------------------------------------- helpers

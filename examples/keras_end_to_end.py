@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import tensorflow as tf
-    from baechi.client.devices import local_devices, split_cpu
+    from baechi.client.tf.devices import local_devices, split_cpu
 
     from baechi import client
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     kind, local = local_devices()
     print(f"devices: {len(local)} local {kind} device(s) stand for /GPU:0..{len(local) - 1}")
 
-    from baechi.client.models import EXAMPLES
+    from baechi.examples.keras_models import EXAMPLES
 
     from baechi.algorithms import ALGORITHMS
 

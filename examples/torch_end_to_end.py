@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     from baechi.client import torch as baechi_torch
-    from baechi.client.torch.models import make_transformer
+    from baechi.examples.torch_models import make_transformer
 
     from baechi import client
 

@@ -69,7 +69,7 @@ def shared_dir() -> Path:
 def tf() -> Any:
     """TensorFlow with the CPU split into ``TF_DEVICES`` logical devices; skips without it."""
     tf = pytest.importorskip("tensorflow")
-    from baechi.client.devices import split_cpu
+    from baechi.client.tf.devices import split_cpu
 
     try:
         split_cpu(TF_DEVICES)

@@ -1,4 +1,4 @@
-"""The topological order behind run-time enforcement (``client/ordering.py``): kept under edge
+"""The topological order behind run-time enforcement (``client/tf/control_edges.py``): kept under edge
 insertions without recomputing it, it must stay topological and refuse exactly the edges that
 close a cycle. No TensorFlow needed."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import doctest
 
-from baechi.client import ordering
-from baechi.client.ordering import _Order
+from baechi.client.tf import control_edges
+from baechi.client.tf.control_edges import _Order
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -104,5 +104,5 @@ def test_reaches_follows_the_edges_added() -> None:
 
 
 def test_docstring_examples() -> None:
-    result = doctest.testmod(ordering)
+    result = doctest.testmod(control_edges)
     assert result.attempted and result.failed == 0

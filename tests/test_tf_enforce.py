@@ -63,7 +63,7 @@ class Tiny:
 
     def unplaced_losses(self) -> list[float]:
         import tensorflow as tf
-        from baechi.client.train_step import make_train_step
+        from baechi.client.tf.train_step import make_train_step
 
         self.restore()
         return self.losses(tf.function(make_train_step(self.model, self.loss, self.optimizer)))
@@ -283,8 +283,8 @@ def test_measure_rejects_bad_input(tiny: Tiny) -> None:
 
 # ----------------------------------------------------------- an engine plan, and the CLI
 def test_engine_plan_enforced_same_losses(tf: Any) -> None:
-    from baechi.client.models import EXAMPLES
-    from baechi.client.train_step import make_train_step
+    from baechi.client.tf.train_step import make_train_step
+    from baechi.examples.keras_models import EXAMPLES
 
     import baechi
     from baechi import client
@@ -300,7 +300,7 @@ def test_engine_plan_enforced_same_losses(tf: Any) -> None:
     for variable, value in zip([*model.variables, *optimizer.variables], initial,
                                strict=True):
         variable.assign(value)
-    applied = client.apply_plan(model, plan, optimizer)
+    applied = client.apply_plan(model, plan, optimizer=optimizer)
     step = applied.train_step(loss)
     with applied.check() as where:
         placed = [float(step(x, y)) for _ in range(2)]

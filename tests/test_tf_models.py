@@ -31,7 +31,7 @@ class Profiled:
     """A bundled example, its profile, and the state to restore before each run."""
 
     def __init__(self, name: str) -> None:
-        from baechi.client.models import EXAMPLES
+        from baechi.examples.keras_models import EXAMPLES
 
         self.example = EXAMPLES[name]
         self.model, self.x, self.y, self.loss, self.optimizer = self.example.make()
@@ -162,7 +162,7 @@ def test_profile_bytes_come_from_shapes(profiled: dict[str, Profiled]) -> None:
 
 
 def test_profile_leaves_the_model_untouched(tf: Any) -> None:
-    from baechi.client.models import EXAMPLES
+    from baechi.examples.keras_models import EXAMPLES
 
     from baechi import client
 
@@ -179,7 +179,7 @@ def test_profile_leaves_the_model_untouched(tf: Any) -> None:
 def placed_against_unplaced(p: Profiled, plan: Any, steps: int = 3) -> tuple[list, list, Any]:
     """Losses of ``steps`` unplaced steps, then of the same steps placed by ``plan``."""
     import tensorflow as tf
-    from baechi.client.train_step import make_train_step
+    from baechi.client.tf.train_step import make_train_step
 
     from baechi import client
 
@@ -187,7 +187,7 @@ def placed_against_unplaced(p: Profiled, plan: Any, steps: int = 3) -> tuple[lis
     unplaced = tf.function(make_train_step(p.model, p.loss, p.optimizer))
     base = run_steps(unplaced, p.x, p.y, steps)
     p.restore()
-    applied = client.apply_plan(p.model, plan, p.optimizer)
+    applied = client.apply_plan(p.model, plan, optimizer=p.optimizer)
     step = applied.train_step(p.loss)
     with applied.check() as report:
         placed = run_steps(step, p.x, p.y, 1)
@@ -268,13 +268,40 @@ def test_resnet50_placed_equals_unplaced(profiled: dict[str, Profiled]) -> None:
     assert_placed_as_planned(applied, report, len(plan.placement))
 
 
+def test_apply_plan_takes_a_device_map_and_warns_on_the_old_signature(
+        profiled: dict[str, Profiled]) -> None:
+    """``device_map`` (as PyTorch's ``apply_plan`` takes it) decides where each plan device
+    runs; the former ``apply_plan(model, plan, optimizer)`` still works, with a warning."""
+    import tensorflow as tf
+
+    from baechi import client
+
+    p = get(profiled, "cnn")
+    plan = striped_plan(p.graph)
+    local = [d.name for d in tf.config.list_logical_devices("CPU")]
+    reversed_map = {f"/GPU:{i}": local[DEVICES - 1 - i] for i in range(DEVICES)}
+    p.restore()
+    applied = client.apply_plan(p.model, plan, reversed_map, optimizer=p.optimizer,
+                                patch_fit=False)
+    assert applied.devices == {d: reversed_map[d] for d in set(plan["placement"].values())}
+    assert all(applied.placement[op] == reversed_map[dev]
+               for op, dev in plan["placement"].items())
+    with pytest.raises(client.PlanMismatch, match="device_map has no local device"):
+        client.apply_plan(p.model, plan, {"/GPU:0": local[0]}, optimizer=p.optimizer)
+    p.restore()
+    with pytest.warns(DeprecationWarning, match="optimizer=..."):
+        old = client.apply_plan(p.model, plan, p.optimizer, patch_fit=False)
+    assert old.optimizer is p.optimizer
+    assert set(old.devices.values()) <= set(local)
+
+
 def test_apply_plan_refuses_a_plan_for_more_devices(profiled: dict[str, Profiled]) -> None:
     from baechi import client
 
     p = get(profiled, "cnn")
     plan = striped_plan(p.graph, devices=DEVICES + 2)
     with pytest.raises(client.PlanMismatch, match="only 4 local CPU"):
-        client.apply_plan(p.model, plan, p.optimizer)
+        client.apply_plan(p.model, plan, optimizer=p.optimizer)
 
 
 def test_apply_plan_refuses_another_models_plan(profiled: dict[str, Profiled]) -> None:
@@ -282,9 +309,9 @@ def test_apply_plan_refuses_another_models_plan(profiled: dict[str, Profiled]) -
 
     cnn, lstm = get(profiled, "cnn"), get(profiled, "lstm")
     with pytest.raises(client.PlanMismatch, match="names none of the variables"):
-        client.apply_plan(lstm.model, striped_plan(cnn.graph), lstm.optimizer)
+        client.apply_plan(lstm.model, striped_plan(cnn.graph), optimizer=lstm.optimizer)
     with pytest.raises(client.InvalidInput, match="expected a baechi.plan/v1"):
-        client.apply_plan(lstm.model, {"order": {}}, lstm.optimizer)
+        client.apply_plan(lstm.model, {"order": {}}, optimizer=lstm.optimizer)
 
 
 def test_ops_the_plan_does_not_name_stay_where_tf_puts_them(

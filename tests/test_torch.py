@@ -18,8 +18,8 @@ from baechi.client.torch import (  # noqa: E402
     profile,
     verify_transfers,
 )
-from baechi.client.torch.models import make_cnn, make_transformer  # noqa: E402
 from baechi.client.torch.tracing import reads_metadata_only  # noqa: E402
+from baechi.examples.torch_models import make_cnn, make_transformer  # noqa: E402
 from torch import nn  # noqa: E402
 
 import baechi  # noqa: E402

@@ -525,7 +525,7 @@ def _route_transfers(
     they are read (an ``Identity`` would be folded too, and the constant moved with it).
     """
     import tensorflow as tf
-    from baechi.client.pinning import same_device
+    from baechi.client.tf.pinning import same_device
 
     identities: dict[tuple[str, str, str], Any] = {}
     entries = {_transfer_key(e): e for channel in transfer_order.values() for e in channel}

@@ -1,8 +1,8 @@
 """``measure``: run a placed training step and compare what TensorFlow did with the plan.
 
 The step is traced under the plan, once with order enforcement and once without
-(:func:`baechi.client.pinning.apply_plan`'s ``enforce_order``), and each trace runs a few times
-the way :func:`client.profile` runs its step (:func:`baechi.client.profiler.run_traced`: a
+(:func:`baechi.client.tf.pinning.apply_plan`'s ``enforce_order``), and each trace runs a few times
+the way :func:`client.profile` runs its step (:func:`baechi.client.tf.profiler.run_traced`: a
 TF1 session over the traced graph, fresh copies of the variables on their planned devices,
 graph rewrites off, ``FULL_TRACE`` step stats). From each step's stats:
 
@@ -12,7 +12,7 @@ graph rewrites off, ``FULL_TRACE`` step stats). From each step's stats:
 * **order agreement**: for each device, every pair of consecutive ops of the plan's order that
   both executed, and whether the first started no later than the second (step-stats start
   times, ns). Ops that did not execute, and the constants and static shapes that enforcement
-  leaves free (:func:`baechi.client.ordering.foldable`), are skipped over;
+  leaves free (:func:`baechi.client.tf.control_edges.foldable`), are skipped over;
 * **measured step**: from the first node's start to the last node's end, median over steps
   (``FULL_TRACE`` adds its own overhead, as in the profile the plan's times come from);
 * **busy time** per device: the sum of its nodes' kernel times, median over steps.
@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from baechi.client.errors import InvalidInput
-from baechi.client.pinning import CONTROL_FLOW
+from baechi.client.tf.pinning import CONTROL_FLOW
 from pydantic import BaseModel, Field
 
-#: The counters of :class:`~baechi.client.ordering.Enforcement` a measurement reports (the
+#: The counters of :class:`~baechi.client.tf.control_edges.Enforcement` a measurement reports (the
 #: fields of the same names below; 0 for a run without enforcement).
 ENFORCEMENT_COUNTERS = ("order_edges", "order_edges_present", "order_edges_merged",
                         "order_edges_skipped", "transfers_routed", "transfer_edges",
@@ -55,7 +55,7 @@ class RunMeasurement(BaseModel):
     #: ``ops_observed_on_planned_device / ops_observed`` (None when nothing was observed).
     ops_on_planned_device: float | None
     #: Planned ops left out of the order: constants, static shapes and equal twins, which
-    #: TensorFlow may fold or merge (:func:`baechi.client.ordering.foldable`).
+    #: TensorFlow may fold or merge (:func:`baechi.client.tf.control_edges.foldable`).
     ops_unordered: int = 0
     #: Consecutive pairs of a device's plan order that both executed, and those in order.
     pairs: int
@@ -161,7 +161,7 @@ def measure(
     compare : bool
         Also measure the opposite ``enforce_order`` (``report.compared``).
     devices, device_type : optional
-        As for :func:`~baechi.client.pinning.apply_plan`.
+        As for :func:`~baechi.client.tf.pinning.apply_plan`.
 
     Returns
     -------
@@ -174,8 +174,8 @@ def measure(
     PlanMismatch
         The plan does not fit this model or these devices.
     """
-    from baechi.client.pinning import plan_document, read_plan
-    from baechi.client.train_step import prepare, resolve_optimizer
+    from baechi.client.tf.pinning import plan_document, read_plan
+    from baechi.client.tf.train_step import prepare, resolve_optimizer
 
     if steps < 1 or warmup < 0:
         raise InvalidInput(f"steps must be ≥ 1 and warmup ≥ 0 (got {steps}, {warmup})")
@@ -214,9 +214,9 @@ def _run(
     """Trace the placed step with or without enforcement, run it, and judge the step stats."""
     import tensorflow as tf
     from baechi.client.errors import ProfileError
-    from baechi.client.pinning import prepare_plan
-    from baechi.client.profiler import _captured_variables, run_traced
-    from baechi.client.train_step import input_signature, make_train_step
+    from baechi.client.tf.pinning import prepare_plan
+    from baechi.client.tf.profiler import _captured_variables, run_traced
+    from baechi.client.tf.train_step import input_signature, make_train_step
 
     applied = prepare_plan(model, plan, optimizer, devices=devices, device_type=device_type,
                            enforce_order=enforce)
@@ -230,7 +230,7 @@ def _run(
     variables = _captured_variables(graph, model, optimizer)
     variable_devices = {name: applied.placement[v.name] for name, v in variables.items()
                         if v.name in applied.placement}
-    from baechi.client.ordering import foldable
+    from baechi.client.tf.control_edges import foldable
 
     observer = _Observer(applied, traced, foldable(graph))
     for metadata in run_traced(graph, tf.nest.flatten((x, y)), variables, steps, warmup,
@@ -244,7 +244,7 @@ class _Observer:
     """Accumulates, step by step, where and when the planned ops ran."""
 
     def __init__(self, applied: Any, traced: set[str], free: set[str]) -> None:
-        from baechi.client.profiler import _Owner
+        from baechi.client.tf.profiler import _Owner
 
         self.applied = applied
         self.free = free
@@ -259,7 +259,7 @@ class _Observer:
         self.out_of_order: list[tuple[str, str]] = []
 
     def _plan_device(self, device: str) -> str:
-        from baechi.client.pinning import same_device
+        from baechi.client.tf.pinning import same_device
 
         for local, name in self.to_plan.items():
             if same_device(local, device):
@@ -267,8 +267,8 @@ class _Observer:
         return device
 
     def add(self, metadata: Any) -> None:
-        from baechi.client.pinning import same_device
-        from baechi.client.profiler import _kernel_us
+        from baechi.client.tf.pinning import same_device
+        from baechi.client.tf.profiler import _kernel_us
 
         self.steps += 1
         exact: dict[str, tuple[str, int]] = {}

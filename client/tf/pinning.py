@@ -11,7 +11,7 @@ Three things happen:
    are chained by control dependencies in the plan's ``order``, and, when the plan carries a
    ``transfer_order``, every planned cross-device tensor is routed through an ``Identity`` on
    its receiving device and those identities are chained per channel in that order (see
-   :mod:`baechi.client.ordering`). :attr:`AppliedPlan.enforcement` says what was added.
+   :mod:`baechi.client.tf.control_edges`). :attr:`AppliedPlan.enforcement` says what was added.
 4. ``model.fit`` is patched to trace its step under that device function (and without XLA,
    which would compile the whole step for one device); :meth:`AppliedPlan.wrap` and
    :meth:`AppliedPlan.train_step` do the same for a custom training loop.
@@ -24,15 +24,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
-from baechi.client.devices import cluster_device_names, local_devices, map_devices
 from baechi.client.errors import InvalidInput, PlanMismatch
-from baechi.client.ordering import Enforcement, enforce
+from baechi.client.tf.control_edges import Enforcement, enforce
+from baechi.client.tf.devices import cluster_device_names, local_devices, map_devices
 
 
 @dataclass
@@ -149,7 +150,7 @@ class AppliedPlan:
         finally:
             self._tracing.pop()
         if self.enforce_order and self.order is not None:
-            # The whole step exists now: order it (see baechi.client.ordering).
+            # The whole step exists now: order it (see baechi.client.tf.control_edges).
             self.enforcement = enforce(graph, self.order, self.transfer_order,
                                        self.placement, created)
 
@@ -169,7 +170,7 @@ class AppliedPlan:
 
         Returns a ``tf.function`` ``step(x, y) -> loss``.
         """
-        from baechi.client.train_step import make_train_step
+        from baechi.client.tf.train_step import make_train_step
 
         optimizer = optimizer if optimizer is not None else self.optimizer
         if optimizer is None:
@@ -214,8 +215,9 @@ class AppliedPlan:
 def apply_plan(
     model: Any,
     plan: Any,
-    optimizer: Any = None,
+    device_map: Mapping[str, str] | None = None,
     *,
+    optimizer: Any = None,
     devices: list[str] | None = None,
     device_type: str | None = None,
     patch_fit: bool = True,
@@ -229,12 +231,17 @@ def apply_plan(
         The profiled model (built).
     plan : baechi.Plan, dict, or path
         A ``baechi.plan/v1`` plan (only ``placement`` and ``request.cluster`` are read).
+    device_map : dict, optional
+        Plan device name → local TensorFlow device name (``"/GPU:1"``,
+        ``"/job:localhost/replica:0/task:0/device:CPU:2"``), as PyTorch's ``apply_plan``
+        takes it. Default: ``devices[i]`` (or the i-th local device) for the plan's ``/GPU:i``.
     optimizer : keras optimizer, optional
         Default ``model.optimizer`` (after ``compile``). Built here when needed; its variables
-        move too, and its variable index is rebuilt.
+        move too, and its variable index is rebuilt. Passing it third, by position, is the
+        former signature: it still works, with a ``DeprecationWarning``.
     devices : list of str, optional
         Local device names, ``devices[i]`` standing for the plan's ``/GPU:i``; default the
-        local GPUs, else the local (logical) CPUs.
+        local GPUs, else the local (logical) CPUs. Ignored with ``device_map``.
     device_type : {"GPU", "CPU"}, optional
         Which local devices stand for the plan's devices (default: GPUs if there are any).
     patch_fit : bool
@@ -242,7 +249,7 @@ def apply_plan(
     enforce_order : bool
         Make each device run its planned ops in the plan's ``order``, and the plan's
         transfers (when it carries a ``transfer_order``) arrive in each channel's order, by
-        control dependencies in the traced step (:mod:`baechi.client.ordering`). False
+        control dependencies in the traced step (:mod:`baechi.client.tf.control_edges`). False
         leaves the order to TensorFlow's executor; so does a plan without an ``order`` (a
         hand-written placement).
 
@@ -265,8 +272,13 @@ def apply_plan(
     tf.functions traced before this call hold the old variables: trace them again (Keras's own
     ``fit``/``evaluate``/``predict`` functions are reset here).
     """
+    if device_map is not None and not isinstance(device_map, Mapping):
+        warnings.warn("apply_plan(model, plan, optimizer) is deprecated: pass the optimizer as "
+                      "optimizer=..., the third argument is now device_map",
+                      DeprecationWarning, stacklevel=2)
+        device_map, optimizer = None, device_map
     applied = prepare_plan(model, plan, optimizer, devices=devices, device_type=device_type,
-                           enforce_order=enforce_order)
+                           enforce_order=enforce_order, device_map=device_map)
     moved, unplanned = _move_variables(model, applied.optimizer, applied.placement)
     if applied.optimizer is not None:
         _reindex(applied.optimizer)
@@ -285,19 +297,27 @@ def prepare_plan(
     devices: list[str] | None = None,
     device_type: str | None = None,
     enforce_order: bool = True,
+    device_map: Mapping[str, str] | None = None,
 ) -> AppliedPlan:
     """:func:`apply_plan` without moving anything: the plan read and mapped onto local devices.
 
-    :func:`baechi.client.measurement.measure` traces placed steps with it and leaves the
+    :func:`baechi.client.tf.measurement.measure` traces placed steps with it and leaves the
     model as it is.
     Parameters as for :func:`apply_plan`.
     """
     read = read_plan(plan)
-    if devices is None:
-        kind, local = local_devices(device_type)
+    if device_map is not None:
+        missing = sorted(set(read.placement.values()) - set(device_map))
+        if missing:
+            raise PlanMismatch(f"device_map has no local device for the plan's {missing}",
+                               details={"devices": missing})
+        mapping = {name: device_map[name] for name in set(read.placement.values())}
     else:
-        kind, local = "given", list(devices)
-    mapping = map_devices(read.placement.values(), local, kind, read.cluster_order)
+        if devices is None:
+            kind, local = local_devices(device_type)
+        else:
+            kind, local = "given", list(devices)
+        mapping = map_devices(read.placement.values(), local, kind, read.cluster_order)
     placement = {op: mapping[device] for op, device in read.placement.items()}
 
     if optimizer is None:

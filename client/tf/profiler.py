@@ -3,7 +3,7 @@
 How it works:
 
 1. The training step (forward, loss, gradients, optimizer update; see
-   :mod:`baechi.client.train_step`) is traced with ``tf.function`` into a graph. Only the ops
+   :mod:`baechi.client.tf.train_step`) is traced with ``tf.function`` into a graph. Only the ops
    the step really runs (ancestors of its outputs and side effects) are kept.
 2. That graph is imported into a TF1-style ``tf.Graph`` whose variables are copies of the
    model's and the optimizer's, and run by a ``tf.compat.v1.Session`` with ``FULL_TRACE``
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from baechi.client.errors import ProfileError
-from baechi.client.train_step import input_signature, make_train_step, prepare, resolve_optimizer
+from baechi.client.tf.train_step import input_signature, make_train_step, prepare, resolve_optimizer
 
 #: Name scope TensorFlow gives the gradient ops of a ``tf.GradientTape``.
 GRADIENT_SCOPE = "gradient_tape/"
@@ -270,7 +270,7 @@ def _session_config(devices_from_context: bool = False) -> Any:
     """A session config that runs the graph as traced: no graph rewrites, no folding.
 
     ``devices_from_context`` gives the session the devices the eager context has (the
-    logical CPUs of :func:`~baechi.client.devices.split_cpu`); by default a session sees one.
+    logical CPUs of :func:`~baechi.client.tf.devices.split_cpu`); by default a session sees one.
     """
     import tensorflow as tf
     from tensorflow.python.eager import context

@@ -26,8 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from baechi.client.devices import device_index
 from baechi.client.errors import InvalidInput, PlanMismatch
+from baechi.client.tf.devices import device_index
 from baechi.client.torch.tracing import owned_tensors, reads_metadata_only, tensors, trace
 
 #: Functions that create tensors: without a ``device`` argument they would create them on
@@ -137,7 +137,7 @@ def apply_plan(
         ``plan`` is not a plan.
     """
     import torch
-    from baechi.client.pinning import read_plan
+    from baechi.client.tf.pinning import read_plan
 
     placement_by_plan = read_plan(plan).placement
     placed = trace(module, leaf_modules)
@@ -424,7 +424,7 @@ def verify_transfers(module: Any, plan: Any, inputs: Any, targets: Any = None,
     dict
         Plan device → the :class:`DeviceCheck` of the run where it was ``meta``.
     """
-    from baechi.client.pinning import read_plan
+    from baechi.client.tf.pinning import read_plan
 
     placement = read_plan(plan).placement
     used = sorted(set(placement.values()))

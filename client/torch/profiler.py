@@ -35,7 +35,7 @@ from collections import defaultdict
 from typing import Any
 
 from baechi.client.errors import ProfileError
-from baechi.client.profiler import validate_profile
+from baechi.client.tf.profiler import validate_profile
 from baechi.client.torch.tracing import (
     mutates_input,
     nbytes,
