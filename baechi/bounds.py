@@ -12,9 +12,10 @@ from typing import Literal, NamedTuple
 from ortools.sat.python import cp_model
 
 from baechi.cluster import Cluster
-from baechi.costmodel import CostModel, persistent_bytes_by
+from baechi.costmodel import CostModel
 from baechi.graph import Graph
 from baechi.grouping import Units
+from baechi.memory import persistent_bytes_by
 from baechi.simulate import Simulation
 
 #: The relative rounding of one float addition (half an ulp of 1.0): a step time and a bound

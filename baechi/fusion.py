@@ -31,9 +31,9 @@ import math
 from dataclasses import dataclass, field
 
 from baechi.cluster import Cluster
-from baechi.costmodel import MemoryProxy
 from baechi.graph import Graph
 from baechi.grouping import DisjointSets, Units
+from baechi.memory import MemoryProxy
 
 #: Neighbours the O(degree) tests may scan before falling back to the exact check.
 MAX_SCAN = 32

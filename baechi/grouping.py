@@ -15,9 +15,9 @@ import math
 from dataclasses import dataclass
 
 from baechi.cluster import Cluster
-from baechi.costmodel import MemoryProxy, memory_proxy
 from baechi.errors import InvalidRequest
 from baechi.graph import Graph
+from baechi.memory import MemoryProxy, memory_proxy
 
 
 class DisjointSets:

@@ -22,10 +22,11 @@ from baechi.algorithms import get_algorithm
 from baechi.algorithms.base import Assignment, Problem, Progress
 from baechi.bounds import meets_bound, step_bound_us
 from baechi.cluster import Cluster
-from baechi.costmodel import CostModel, persistent_bytes_by
+from baechi.costmodel import CostModel
 from baechi.errors import InfeasiblePlacement, InvalidPlan
 from baechi.graph import Graph
 from baechi.grouping import Units, colocation_units
+from baechi.memory import persistent_bytes_by
 from baechi.options import Options
 from baechi.pipeline import Reduction, reduce_graph
 from baechi.simulate import Simulation, TransferKey, replay

@@ -8,7 +8,7 @@ helps, or the deadline passes. Two strategies choose the step:
 
 - **"largest"** (for a greedy placer's plan, a little over): of the overflowing device's
   :data:`UNITS_PER_STEP` movable units (not pinned) holding the most bytes
-  (:func:`~baechi.costmodel.memory_proxy`: persistent + outputs + largest temp), each to the
+  (:func:`~baechi.memory.memory_proxy`: persistent + outputs + largest temp), each to the
   :data:`TARGETS_PER_STEP` other devices with the most room where all its ops can run, the
   move that lowers the total overshoot most, then the shortest step.
 - **"cheapest"** (for plans placed as if memory were unlimited, over by whole blocks): the
@@ -50,10 +50,11 @@ from typing import Literal
 import numpy as np
 
 from baechi.cluster import Cluster
-from baechi.costmodel import CostModel, memory_proxy
+from baechi.costmodel import CostModel
 from baechi.evaluator import Evaluation, PlanEvaluator
 from baechi.graph import Graph
 from baechi.grouping import Units
+from baechi.memory import memory_proxy
 from baechi.simulate import Simulation, replay
 
 #: How :func:`repair` chooses each step's move (see the module docstring).

@@ -61,11 +61,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from baechi.cluster import Cluster
-from baechi.costmodel import CostModel, persistent_bytes_by
+from baechi.costmodel import CostModel
 from baechi.errors import InvalidPlan
 from baechi.evaluator import Evaluation, PlanEvaluator
 from baechi.graph import Graph
 from baechi.grouping import Units, single_consumers
+from baechi.memory import persistent_bytes_by
 from baechi.simulate import check_orders, replay
 
 #: Random unit moves applied to the best plan when the search is stuck.

@@ -33,9 +33,10 @@ from typing import Any
 import numpy as np
 
 from baechi.cluster import Cluster
-from baechi.costmodel import CostModel, persistent_bytes_by
+from baechi.costmodel import CostModel
 from baechi.errors import InvalidPlan
 from baechi.graph import Graph, find_cycle, load_graph
+from baechi.memory import persistent_bytes_by
 from baechi.plan import Estimate, Plan, TransferEntry
 
 #: One message as the cost model keys it (:meth:`~baechi.costmodel.CostModel.transfer_key`):

@@ -39,8 +39,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from baechi.cluster import Cluster
-from baechi.costmodel import CostModel, persistent_bytes_by
+from baechi.costmodel import CostModel
 from baechi.graph import Graph
+from baechi.memory import persistent_bytes_by
 
 #: The request's objectives (DESIGN §10); ``step_time`` is the default.
 OBJECTIVES = ("step_time", "throughput")

@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 
 from baechi import Cluster, load_graph, place
 from baechi.bounds import pack_units, step_bound_us
-from baechi.costmodel import CostModel, persistent_bytes_by, running_bytes
+from baechi.costmodel import CostModel, running_bytes
 from baechi.errors import InfeasiblePlacement
 from baechi.graph import Graph
 from baechi.grouping import colocation_units
+from baechi.memory import persistent_bytes_by
 from baechi.testing import brute_force
 
 

@@ -11,8 +11,9 @@ from baechi.algorithms import ALGORITHMS, Problem
 from baechi.algorithms.etf import remaining_path
 from baechi.algorithms.fill import place_fill
 from baechi.algorithms.sct import favourite_children
-from baechi.costmodel import CostModel, MemoryProxy, memory_proxy, running_bytes
+from baechi.costmodel import CostModel, running_bytes
 from baechi.grouping import DisjointSets, colocation_units, graph_memory, unit_memory
+from baechi.memory import MemoryProxy, memory_proxy
 from baechi.simulate import replay
 
 

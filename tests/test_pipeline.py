@@ -15,10 +15,10 @@ import baechi
 from baechi.algorithms import ALGORITHMS
 from baechi.algorithms.base import Assignment
 from baechi.cluster import Cluster
-from baechi.costmodel import memory_proxy
 from baechi.fusion import contract, fuse, fusion_partition
 from baechi.graph import Graph, load_graph
 from baechi.grouping import co_place, colocation_units, merge_cap, unit_memory
+from baechi.memory import memory_proxy
 from baechi.options import Options
 from baechi.pipeline import Reduction, reduce_graph
 from baechi.simulate import check_constraints, check_orders, replay, single_device_run

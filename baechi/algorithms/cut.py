@@ -20,8 +20,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from baechi.algorithms.base import Assignment, Problem
-from baechi.costmodel import persistent_bytes_by
 from baechi.errors import InfeasiblePlacement
+from baechi.memory import persistent_bytes_by
 
 #: The key of :attr:`Problem.memo <baechi.algorithms.base.Problem.memo>` under which m-cut
 #: keeps its walks.

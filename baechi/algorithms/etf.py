@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from baechi.algorithms.base import Assignment, Problem
-from baechi.costmodel import persistent_bytes_by
 from baechi.errors import InfeasiblePlacement
+from baechi.memory import persistent_bytes_by
 
 #: The scheduler looks at the clock once per this many committed ops (``Problem.deadline``).
 DEADLINE_CHECK_OPS = 256

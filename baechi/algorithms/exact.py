@@ -70,8 +70,9 @@ from baechi.algorithms.base import Assignment, Problem, Progress
 from baechi.algorithms.etf import place_etf
 from baechi.algorithms.fill import place_fill
 from baechi.bounds import meets_bound, step_bound_us
-from baechi.costmodel import CostModel, persistent_bytes_by
+from baechi.costmodel import CostModel
 from baechi.errors import InfeasiblePlacement, InvalidPlan
+from baechi.memory import persistent_bytes_by
 from baechi.simulate import Simulation, TransferKey, replay
 
 #: Largest graph (ops, after any reduction) that ``exact`` models: CP-SAT proved most of the

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from baechi.algorithms.base import Assignment, Problem
-from baechi.costmodel import persistent_bytes_by
 from baechi.errors import InfeasiblePlacement
+from baechi.memory import persistent_bytes_by
 
 
 def place_fill(problem: Problem) -> Assignment:

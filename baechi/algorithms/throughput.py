@@ -31,8 +31,8 @@ from typing import Any
 
 from baechi.algorithms.base import Assignment, Problem
 from baechi.cluster import Cluster
-from baechi.costmodel import persistent_bytes_by
 from baechi.errors import InfeasiblePlacement
+from baechi.memory import persistent_bytes_by
 from baechi.throughput import Throughput, is_backward, kept_activation_bytes, tensors, throughput
 
 #: Model times are integer nanoseconds.

@@ -11,7 +11,7 @@ from baechi.grouping import unit_memory
 
 
 def footprint(problem: Problem) -> list[int]:
-    """Static memory of each unit: the :func:`~baechi.costmodel.memory_proxy` of its ops.
+    """Static memory of each unit: the :func:`~baechi.memory.memory_proxy` of its ops.
 
     An upper bound of what the unit's ops hold at once, received copies aside.
     """
