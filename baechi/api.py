@@ -1,4 +1,4 @@
-"""``place``: the whole job, from graph and cluster to a simulated plan (DESIGN §6).
+"""``place``: the whole job, from graph and cluster to a simulated plan (docs/format.md §6).
 
 Steps: reject requests no plan can fit (memory floors, :mod:`baechi.bounds`), then either run
 ``auto`` (:mod:`baechi.auto`: a portfolio within the deadline) or one named algorithm
@@ -96,7 +96,7 @@ def place(
     graph : Graph, dict, or path
         A ``baechi.graph/v1`` document (see :func:`baechi.load_graph`).
     cluster : Cluster or dict
-        Devices and network (DESIGN §3).
+        Devices and network (docs/format.md §3).
     algorithm : str
         ``auto`` (the default: the best plan of a portfolio, see :func:`_auto`) or a name of
         :data:`baechi.algorithms.ALGORITHMS`: ``single``, ``m-topo``, ``m-etf``, ``m-sct``,
@@ -108,7 +108,7 @@ def place(
     objective : str
         ``step_time`` (the default: one training step as short as possible) or
         ``throughput`` (pipelined micro-batches: the busiest device's load as small as
-        possible, DESIGN §10; ``auto`` then runs ``throughput-cpsat``, see
+        possible, docs/format.md §10; ``auto`` then runs ``throughput-cpsat``, see
         :mod:`baechi.throughput_plan`).
 
     Raises

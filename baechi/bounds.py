@@ -205,7 +205,7 @@ def step_bound_us(graph: Graph, cluster: Cluster, units: Units, cost: CostModel)
     (:meth:`CostModel.fastest_transfer_us <baechi.costmodel.CostModel.fastest_transfer_us>`;
     channels can only add to it). So the chain takes at least its compute (each op at its
     fastest) plus the cheapest set of its edges that splits every such stretch (an interval
-    cover, solved exactly in linear time). The bound is the largest of DESIGN's
+    cover, solved exactly in linear time). The bound is the largest of the format's
     (:meth:`CostModel.lower_bound_us <baechi.costmodel.CostModel.lower_bound_us>`) and this
     over two chains: the longest with each edge whose ends cannot share a device costed, and
     the longest by compute alone. O((ops + edges) log ops).

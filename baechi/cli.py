@@ -58,7 +58,7 @@ def require_extra(extra: str, verb: str) -> None:
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     """``--devices/--memory`` or ``--cluster``, plus the network flags."""
     group = parser.add_argument_group("cluster")
-    group.add_argument("--cluster", metavar="FILE", help="cluster JSON (DESIGN §3)")
+    group.add_argument("--cluster", metavar="FILE", help="cluster JSON (docs/format.md §3)")
     group.add_argument("--devices", type=int, default=None, help="number of devices (4)")
     group.add_argument("--memory", default=None, help="memory per device, e.g. 8GiB")
     group.add_argument("--latency-us", type=float, default=None, help="link latency (µs)")
@@ -188,7 +188,7 @@ def summary(plan: Plan, estimate: Estimate, cluster: Cluster) -> str:
         f"(fits: {'yes' if e.single_device_fits else 'no'})  speedup {speedup:.3f}x",
         "peak memory",
     ]
-    if e.time_per_sample_us is not None:  # the throughput objective (DESIGN §10)
+    if e.time_per_sample_us is not None:  # the throughput objective (docs/format.md §10)
         optimal = plan.stats.optimal
         proof = "" if optimal is None else "  (proved optimal)" if optimal else \
             f"  (best found; bound {_ms(plan.stats.bound_us or 0.0)})"

@@ -1,4 +1,4 @@
-"""Devices and the network between them (DESIGN §3).
+"""Devices and the network between them (docs/format.md §3).
 
 A cluster is written either with a device list or with the count shorthand::
 
@@ -49,7 +49,7 @@ MAX_LATENCY_US, MIN_BANDWIDTH_GBPS = 1e12, 1e-6
 #: Name prefix of devices written with the count shorthand.
 DEFAULT_NAME_PREFIX = "/GPU:"
 
-#: A device's kind when the cluster does not say (DESIGN §10).
+#: A device's kind when the cluster does not say (docs/format.md §10).
 DEFAULT_KIND = "gpu"
 
 #: Most per-pair link overrides in one network (a full mesh of 64 devices).
@@ -87,7 +87,7 @@ def parse_size(value: int | str) -> int:
 
 class Device(BaseModel):
     """One device: its name, memory (``None`` = unlimited), relative speed, kind (which of an
-    op's ``compute_us_by_kind`` applies) and whether it is a host (DESIGN §10)."""
+    op's ``compute_us_by_kind`` applies) and whether it is a host (docs/format.md §10)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -120,7 +120,7 @@ def _number(value: Any) -> Any:
 
 
 class Link(BaseModel):
-    """A per-pair override of the default link (DESIGN §10), symmetric: ``devices`` names the
+    """A per-pair override of the default link (format.md §10), symmetric: ``devices`` names the
     two devices; an absent field keeps the network's value."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -210,7 +210,7 @@ class DeviceCount(BaseModel):
 
 
 class Cluster(BaseModel):
-    """Devices in a fixed order (the order breaks ties, DESIGN §4) and their network.
+    """Devices in a fixed order (the order breaks ties, docs/format.md §4) and their network.
 
     Examples
     --------
@@ -308,7 +308,7 @@ class Cluster(BaseModel):
         data = self.model_dump()
         if math.isinf(self.network.bandwidth_gbps):
             data["network"].pop("bandwidth_gbps")
-        # the fields of DESIGN §10 only when used, so old clusters read as they were written
+        # the fields of docs/format.md §10 only when used, so old clusters read as they were written
         for device in data["devices"]:
             if device["kind"] == DEFAULT_KIND:
                 device.pop("kind")

@@ -1,4 +1,4 @@
-"""The cost model's facts (DESIGN §4) in one place: what an op costs on a device, what a
+"""The cost model's facts (docs/format.md §4) in one place: what an op costs on a device, what a
 message between two devices costs, which messages are the same message (caching), when an
 op counts as instant, which devices a unit may use, the bytes an op holds while it runs, and
 the memory proxy of a set of ops.
@@ -68,13 +68,13 @@ class CostModel:
         ]
         kinds = {device.kind for device in cluster.devices}
         #: Whether some op's ``compute_us_by_kind`` names a kind of this cluster (else every
-        #: time is ``compute_us / speed``, as before DESIGN §10).
+        #: time is ``compute_us / speed``, as before docs/format.md §10).
         self.kinds_matter = graph.compute_us_by_kind is not None and any(
             kind in kinds for by_kind in graph.compute_us_by_kind for kind in by_kind)
         self.fastest_us: list[float] = [
             min(times) for times in zip(*self.op_us, strict=True)
         ] if self.op_us else []
-        # per-pair links (DESIGN §10): (latency, µs per byte) of each device pair, or None
+        # per-pair links (docs/format.md §10): (latency, µs per byte) of each device pair, or None
         # when every pair uses the default link
         self._pair: list[list[tuple[float, float]]] | None = None
         if network.links:
@@ -127,7 +127,7 @@ class CostModel:
 
     def transfer_key(self, edge: int, dst_device: int) -> tuple[Any, ...]:
         """The cache key of ``edge``'s message to ``dst_device``: a message with the same key
-        is sent once and reused by every consumer there (DESIGN §4, tensor identity).
+        is sent once and reused by every consumer there (docs/format.md §4, tensor identity).
         ``key[1]`` is the destination device."""
         g = self.graph
         if g.edge_control[edge]:

@@ -11,5 +11,5 @@ DEFAULT_TIME_LIMIT_S = 60.0
 
 #: How each channel's transfers are ordered when a request does not say: ``"model-aware"``
 #: (by the urgency of their consumers, kept only when it replays strictly faster than
-#: first come, first served; :mod:`baechi.ordering`) or ``"fifo"`` (DESIGN §4's rule).
+#: first come, first served; :mod:`baechi.ordering`) or ``"fifo"`` (docs/format.md §4's rule).
 DEFAULT_TRANSFER_ORDER = "model-aware"

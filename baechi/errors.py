@@ -26,14 +26,14 @@ class PlacementError(Exception):
 
 
 class InvalidGraph(PlacementError):
-    """The graph document breaks the ``baechi.graph/v1`` format (DESIGN §2)."""
+    """The graph document breaks the ``baechi.graph/v1`` format (docs/format.md §2)."""
 
     code = "invalid_graph"
     exit_status = 2
 
 
 class InvalidCluster(PlacementError):
-    """The cluster description (devices, network) is malformed (DESIGN §3)."""
+    """The cluster description (devices, network) is malformed (docs/format.md §3)."""
 
     code = "invalid_cluster"
     exit_status = 2

@@ -1,7 +1,7 @@
 """Fast, exact evaluation of many plans of one graph on one cluster (for local search).
 
 :class:`PlanEvaluator` replays a plan (device per op, order per device) with the simulator's
-rules (DESIGN §4, :mod:`baechi.simulate`) and returns the same step time and memory peaks as
+rules (docs/format.md §4, :mod:`baechi.simulate`) and returns the same step time and memory peaks as
 :func:`baechi.simulate.replay`, but is built for thousands of calls:
 
 - what depends only on the graph and cluster is computed once: adjacency as flat lists, each

@@ -1,4 +1,4 @@
-"""Fusion (DESIGN §6, step 3): contract the ops of each unit into reduced nodes, acyclically.
+"""Fusion (format.md §6, step 3): contract the ops of each unit into reduced nodes, acyclically.
 
 :func:`fusion_partition` decides which ops become one node; :func:`contract` builds the reduced
 graph, its units and the node → ops map; :func:`fuse` does both.

@@ -1,8 +1,8 @@
-"""The graph format ``baechi.graph/v1`` (DESIGN §2): models, loading, validation, indexed form.
+"""The graph format ``baechi.graph/v1`` (format.md §2): models, loading, validation, indexed form.
 
 :func:`load_graph` turns a JSON document (path, bytes, str or dict) into a :class:`Graph`:
 ops and edges numbered by their position in the file, adjacency as lists of edge ids, and the
-canonical topological order. Every rule of DESIGN §2 is checked; the first failure raises
+canonical topological order. Every rule of docs/format.md §2 is checked; the first failure raises
 :class:`~baechi.errors.InvalidGraph` naming the op or edge and the field.
 """
 
@@ -42,7 +42,7 @@ NonNegativeBytes = Annotated[StrictInt, Field(ge=0, le=MAX_BYTES)]
 # The document is validated into plain dicts (TypedDicts): five times faster than building a
 # model instance per op, which matters at tens of thousands of ops.
 class OpSpec(TypedDict):
-    """One operator as written in the file (DESIGN §2); absent fields take their defaults."""
+    """One operator as written in the file (format.md §2); absent fields take their defaults."""
 
     __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
 
@@ -96,7 +96,7 @@ class Graph:
     The constructor trusts its lists (the reduction pipeline builds graphs this way);
     :func:`load_graph` validates a document first.
 
-    DESIGN §10's optional fields: ``compute_us_by_kind[i]`` is op ``i``'s ``{kind: µs or
+    docs/format.md §10's optional fields: ``compute_us_by_kind[i]`` is op ``i``'s ``{kind: µs or
     None}`` (``None`` = cannot run on that kind) and ``edge_transfer_us[k]`` edge ``k``'s
     measured transfer time or ``None``; each list is ``None`` when no op (edge) has the field.
     """
@@ -243,7 +243,7 @@ class Graph:
         return [self.edge_src[k] for k in self.in_edges[op]]
 
     def _canonical_order(self) -> list[int]:
-        """Kahn's algorithm, smallest file index first (DESIGN §4); raises on a cycle."""
+        """Kahn's algorithm, smallest file index first (docs/format.md §4); raises on a cycle."""
         indegree = [len(ins) for ins in self.in_edges]
         heap = [i for i, d in enumerate(indegree) if d == 0]
         heapq.heapify(heap)

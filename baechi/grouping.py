@@ -1,4 +1,4 @@
-"""Units of placement: ops that must share a device (DESIGN §6, steps 1 and 2).
+"""Units of placement: ops that must share a device (docs/format.md §6, steps 1 and 2).
 
 Step 1, *grouping* (hard constraints, never split): colocation groups are unioned; with
 ``forward_only`` every backward op joins its forward op's unit; a unit takes the pin of any

@@ -1,4 +1,4 @@
-"""Options of a placement request (DESIGN §3, §6), with their defaults."""
+"""Options of a placement request (docs/format.md §3, §6), with their defaults."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class Options(BaseModel):
     portfolio: StrictBool = False
     time_limit_s: float = Field(default=DEFAULT_TIME_LIMIT_S, gt=0, le=86400, allow_inf_nan=False)
     #: How each channel's transfers are ordered (sequential mode): ``"fifo"``, first come,
-    #: first served (DESIGN §4), or ``"model-aware"``, by the urgency of their consumers,
+    #: first served (docs/format.md §4), or ``"model-aware"``, by the urgency of their consumers,
     #: kept only when strictly faster (:mod:`baechi.ordering`).
     transfer_order: Literal["fifo", "model-aware"] = DEFAULT_TRANSFER_ORDER  # type: ignore[assignment]
 

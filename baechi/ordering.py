@@ -1,6 +1,6 @@
 """Model-aware transfer order: book each channel by the urgency of its messages' consumers.
 
-DESIGN §4 books a channel first come, first served (FIFO): a message whose consumer is on
+docs/format.md §4 books a channel first come, first served (FIFO): a message whose consumer is on
 the critical path may queue behind one whose consumer idles for milliseconds. Hashemi et al.
 ("TicTac", 2019: TIC orders by the consumers' place in the graph, TAC by the schedule's times)
 cut step time by ordering communication by when the computation needs it. Here every

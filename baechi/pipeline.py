@@ -1,4 +1,4 @@
-"""Baechi's reduction pipeline (DESIGN §6, steps 1–3 and 5): units, co-placement, fusion.
+"""Baechi's reduction pipeline (docs/format.md §6, steps 1–3 and 5): units, co-placement, fusion.
 
 :func:`reduce_graph` returns a :class:`Reduction`: the graph the algorithm places, its units,
 and :meth:`Reduction.expand`, which maps the algorithm's assignment back to every original op.

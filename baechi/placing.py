@@ -1,4 +1,4 @@
-"""One run of one algorithm on one request: reduce, place, expand, replay (DESIGN §6).
+"""One run of one algorithm on one request: reduce, place, expand, replay (docs/format.md §6).
 
 A :class:`Request` holds what depends only on the graph, the cluster and the options: the
 request's :class:`~baechi.costmodel.CostModel` (built once, passed to every replay), the

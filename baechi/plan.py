@@ -1,4 +1,4 @@
-"""The plan format ``baechi.plan/v1`` (DESIGN §5)."""
+"""The plan format ``baechi.plan/v1`` (docs/format.md §5)."""
 
 from __future__ import annotations
 
@@ -43,10 +43,10 @@ class PlanRequest(BaseModel):
 
 
 class Estimate(BaseModel):
-    """What the simulator (DESIGN §4) reports for a plan.
+    """What the simulator (docs/format.md §4) reports for a plan.
 
     ``single_device_us`` is infinite (``null`` in JSON) when no device can run every op
-    (``compute_us_by_kind``). Under the throughput objective (DESIGN §10) the estimate also
+    (``compute_us_by_kind``). Under the throughput objective (docs/format.md §10) the estimate also
     has ``time_per_sample_us`` and ``device_load_us`` (the load of each device); both are
     absent otherwise.
     """
@@ -114,7 +114,7 @@ class Chosen(BaseModel):
 
 
 class PlanStats(BaseModel):
-    """How a plan was made (the plan's ``stats``; DESIGN §5).
+    """How a plan was made (the plan's ``stats``; docs/format.md §5).
 
     The fields every request fills are typed; algorithm-specific figures (m-SCT's LP sizes,
     ``exact``'s ``optimal`` and ``bound_us``, m-ETF's ``memory_forced_ops``) are extra
@@ -219,7 +219,7 @@ class Plan(BaseModel):
 
     ``transfer_order`` (optional): per device, its channel's messages in booking order
     (ARCHITECTURE.md, "Transfer order"); absent, channels are booked first come, first served
-    (DESIGN §4). It is left out of the JSON when absent.
+    (docs/format.md §4). It is left out of the JSON when absent.
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -180,7 +180,7 @@ def units_at_peak(graph: Graph, simulation: Simulation, units: Units, device: in
     output or a received copy held (moving one of them away may release it).
 
     An item counts at an instant when it was allocated by then and is freed after it, or was
-    allocated at it (DESIGN §4: frees of earlier items come first).
+    allocated at it (docs/format.md §4: frees of earlier items come first).
     """
     trace = simulation.memory[device]
     instant = float(trace.times[int(np.argmax(trace.bytes))])

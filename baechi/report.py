@@ -103,7 +103,7 @@ def render_report(
     Raises
     ------
     InvalidGraph, InvalidPlan, InvalidCluster
-        When the inputs are invalid or the plan breaks a rule of DESIGN §4.
+        When the inputs are invalid or the plan breaks a rule of docs/format.md §4.
     ImportError
         When plotly (the ``report`` extra) is not installed.
     """
@@ -539,7 +539,7 @@ def _memory_curve(trace: MemoryTrace, base: int, x_end: float) -> tuple[np.ndarr
     """The simulator's memory trace as a step curve from 0 (persistent bytes) to ``x_end``.
 
     The trace holds one point per allocation or free; at one instant frees come first
-    (DESIGN §4), so the intermediate levels of an instant are not states anyone could observe.
+    (format.md §4), so the intermediate levels of an instant are not states anyone could observe.
     Each instant is drawn as its peak (the highest level at it) followed by its final level.
     """
     times = np.asarray(trace.times, dtype=float)

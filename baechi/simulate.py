@@ -1,4 +1,4 @@
-"""The cost model (DESIGN §4): replay a placement and per-device order, exactly.
+"""The cost model (docs/format.md §4): replay a placement and per-device order, exactly.
 
 :func:`replay` is the judge of every plan. It works on the indexed form (device index per op,
 op indices per device); :func:`simulate` and :func:`simulate_plan` take a
@@ -9,14 +9,14 @@ orders consistent with the graph, colocation groups, forward pairs and pins resp
 :meth:`~baechi.costmodel.CostModel.lower_bound_us`. Those are the entry points; the rest is
 private.
 
-Decisions where DESIGN §4 leaves room (also in ARCHITECTURE.md):
+Decisions where docs/format.md §4 leaves room (also in ARCHITECTURE.md):
 
 - Completion events are processed in the order (end, start, device index, position in the
   device's order); a transfer is booked on the channels when its producer's completion is
   processed, edges in file order. An op starts as soon as its inputs' arrival times are known.
 - Forward pairing (a backward op on its ``forward_op``'s device) is required only when the
   plan's ``options.forward_only`` is true (the default); colocation groups and pins always.
-- A plan's transfer order (DESIGN §10, ARCHITECTURE.md "Transfer order"): each channel is
+- A plan's transfer order (docs/format.md §10, ARCHITECTURE.md "Transfer order"): each channel is
   booked in its list's order instead of first come, first served; a message starts at
   max(issue, end of its predecessor in the sender's list, end of its predecessor in the
   receiver's list). In parallel mode there are no channels and the order is ignored.
@@ -83,7 +83,7 @@ class Simulation:
 
     ``transfer_order`` is the channel order the replay was given (per device, the keys of its
     channel's messages in booking order), ``None`` when the channels were booked first come,
-    first served (DESIGN §4).
+    first served (docs/format.md §4).
     """
 
     estimate: Estimate
@@ -782,6 +782,6 @@ def simulate_plan(graph: Any, plan: Plan | dict[str, Any], cluster: Any = None) 
 def simulate(graph: Any, plan: Plan | dict[str, Any], cluster: Any = None) -> Estimate:
     """Replay a plan and return its :class:`~baechi.plan.Estimate`.
 
-    Raises :class:`~baechi.errors.InvalidPlan` when the plan breaks a rule of DESIGN §4.
+    Raises :class:`~baechi.errors.InvalidPlan` when the plan breaks a rule of docs/format.md §4.
     """
     return simulate_plan(graph, plan, cluster).estimate

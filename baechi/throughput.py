@@ -1,4 +1,4 @@
-"""The throughput objective (DESIGN §10): a pipelined steady state, as in Tarnawski et al.
+"""The throughput objective (docs/format.md §10): a pipelined steady state, as in Tarnawski et al.
 (NeurIPS 2020, "Efficient algorithms for device placement of DNN graph operators").
 
 Many micro-batches stream through the devices; each device works on a different one at a
@@ -43,7 +43,7 @@ from baechi.costmodel import CostModel
 from baechi.graph import Graph
 from baechi.memory import persistent_bytes_by
 
-#: The request's objectives (DESIGN §10); ``step_time`` is the default.
+#: The request's objectives (docs/format.md §10); ``step_time`` is the default.
 OBJECTIVES = ("step_time", "throughput")
 
 

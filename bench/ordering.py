@@ -6,7 +6,7 @@ Writes bench/fragments/ordering.md (a section of BENCHMARKS.md, see bench/run.py
     python bench/ordering.py [--shared ../shared] [--quick]
 
 Each plan is placed once with the default ``options.transfer_order`` ("model-aware"); its
-``stats.fifo_step_time_us`` is the same placement's step time with FIFO channels (DESIGN §4),
+``stats.fifo_step_time_us`` is the same placement's step time with FIFO channels (format.md §4),
 and its estimate the step time kept (FIFO unless the model-aware order is strictly faster).
 For the named algorithms the placement does not depend on the option (checked: the plans of
 ``transfer_order="fifo"`` are byte-identical to those before the option existed), so this is

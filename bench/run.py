@@ -200,7 +200,7 @@ def markdown(rows: list[dict[str, Any]], command: str, elapsed: float) -> str:
         f"{DEVICES} devices; networks: PCIe = Baechi's fit (134 µs, 5.7 GB/s), "
         "NVLink-class = 10 µs, 150 GB/s; both in sequential mode (one channel per device). "
         "Memory limits are fractions of the graph's single-device peak under the cost model "
-        "(DESIGN §4; the STG task graphs hold no memory and are placed without limit only); "
+        "(format.md §4; the STG task graphs hold no memory and are placed without limit only); "
         "`suggested` is the source's per-device memory on the source's device "
         "count (`meta.suggested_devices`). Plans are the algorithms' own (`allow_single` "
         "off): a speedup below 1 is where one device would have been faster — the service "
@@ -357,7 +357,7 @@ def fastest_steps(rows: list[dict[str, Any]], leave_out: tuple[str, ...] = (),
 def auto_steps_and_bounds(rows: list[dict[str, Any]]
                           ) -> tuple[dict[tuple[str, ...], float], dict[tuple[str, ...], float]]:
     """Per setting where ``auto`` found a plan: its step time, and its ``stats.bound_us`` (no
-    plan of the setting is faster; DESIGN's bound when absent)."""
+    plan of the setting is faster; the format's lower bound when absent)."""
     found = {setting_key(r): r for r in rows if r["algorithm"] == "auto" and r["status"] == "ok"}
     return ({k: float(r["step_us"]) for k, r in found.items()},
             {k: float(r.get("bound_us") or r["lower_bound_us"]) for k, r in found.items()})
@@ -386,8 +386,8 @@ def against_baseline(rows: list[dict[str, Any]], baseline: list[dict[str, Any]])
            "existed; same graphs and settings). Ratios are geometric means of auto's step over "
            "the best named step (the single-device step cancels out) over the settings where "
            "all three have a plan. `bound` is auto's `stats.bound_us`, a step time no plan of "
-           "the setting can beat (DESIGN's bound raised by the transfers memory forces, or "
-           "CP-SAT's): `bound / best named today` is the most any placer could gain, "
+           "the setting can beat (the format's lower bound raised by the transfers memory "
+           "forces, or CP-SAT's): `bound / best named today` is the most any placer could gain, "
            "`auto / bound` what is left at most.", "",
            "| network | memory | settings | auto / best named today | auto / best named before "
            "| bound / best named today | auto / bound | auto at its bound |",

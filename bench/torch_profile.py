@@ -28,7 +28,7 @@ from baechi.examples.torch_models import make_resnet18, make_transformer  # noqa
 
 import baechi  # noqa: E402
 
-#: Baechi's own network (its GNMT profile, DESIGN §9) and an NVLink-class link.
+#: Baechi's own network (its GNMT profile, docs/format.md §9) and an NVLink-class link.
 NETWORKS = {"PCIe 134 µs + 5.7 GB/s": {"latency_us": 134, "bandwidth_gbps": 5.7},
             "NVLink 5 µs + 50 GB/s": {"latency_us": 5, "bandwidth_gbps": 50}}
 MODELS = {

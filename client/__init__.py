@@ -1,6 +1,6 @@
 """Baechi client: submit graphs to the placement service, profile and pin TensorFlow models.
 
-The five-line story (DESIGN §8)::
+The five-line story (docs/format.md §8)::
 
     from baechi import client
     graph = client.profile(model, x, y, loss, optimizer)              # TensorFlow

@@ -1,7 +1,7 @@
 """Exceptions of the client: one root, :class:`BaechiError`, and one flat subclass per case.
 
 Errors that come from the service carry its JSON error (``{"error": {"code", "message",
-"details"}}``, DESIGN §7) in :attr:`~BaechiError.code`, :attr:`~BaechiError.message` and
+"details"}}``, docs/format.md §7) in :attr:`~BaechiError.code`, :attr:`~BaechiError.message` and
 :attr:`~BaechiError.details`, and the HTTP status in :attr:`~BaechiError.status`.
 """
 

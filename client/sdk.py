@@ -40,7 +40,7 @@ _GRAPH_ID = re.compile(r"^[0-9a-f]{64}$")
 
 @dataclass(frozen=True)
 class PlacementStatus:
-    """What ``GET /placements/{id}`` says about a placement (DESIGN §7)."""
+    """What ``GET /placements/{id}`` says about a placement (docs/format.md §7)."""
 
     id: str
     status: str
@@ -197,7 +197,7 @@ class Placement:
 
 
 class BaechiClient:
-    """Client of a Baechi placement service (DESIGN §7, §8).
+    """Client of a Baechi placement service (docs/format.md §7, §8).
 
     Parameters
     ----------
@@ -259,15 +259,15 @@ class BaechiClient:
         graph : dict, path, baechi.Graph, JSON text, or graph id
             A ``baechi.graph/v1`` document, or the id :meth:`upload_graph` returned.
         cluster : dict or baechi.Cluster
-            Devices and network (DESIGN §3), e.g.
+            Devices and network (docs/format.md §3), e.g.
             ``{"devices": {"count": 4, "memory_bytes": "8GiB"}}``.
         algorithm : str
             ``auto`` (the default, :data:`baechi.defaults.DEFAULT_ALGORITHM`), or a named
             algorithm: ``m-etf``, ``m-sct``, ``exact``, ...
         options : dict, optional
-            Pipeline switches and ``time_limit_s`` (DESIGN §3).
+            Pipeline switches and ``time_limit_s`` (docs/format.md §3).
         objective : str, optional
-            ``step_time`` (the server's default) or ``throughput`` (DESIGN §10).
+            ``step_time`` (the server's default) or ``throughput`` (docs/format.md §10).
 
         Raises
         ------

@@ -2,7 +2,7 @@
 
 Every request is retried on connection errors and on ``502``/``503``/``504`` (honouring a
 ``Retry-After`` header), with exponential backoff and jitter. Retrying is safe for every call
-of the API: ``POST /placements`` and ``POST /graphs`` are idempotent (DESIGN §7). Error
+of the API: ``POST /placements`` and ``POST /graphs`` are idempotent (docs/format.md §7). Error
 responses become the exceptions of :mod:`baechi.client.errors`, carrying the server's JSON error.
 """
 

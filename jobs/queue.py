@@ -26,7 +26,7 @@ JOB_FUNCTION = "baechi.worker.tasks.run_placement"
 FAILURE_CALLBACK = "baechi.worker.tasks.on_failure"
 #: The function a worker runs to render a finished placement's HTML report, once.
 REPORT_FUNCTION = "baechi.worker.tasks.render_report"
-#: DESIGN §7: a failed job is run once more.
+#: docs/format.md §7: a failed job is run once more.
 RETRIES = 1
 SERIALIZER = JSONSerializer
 

@@ -4,7 +4,7 @@ Key layout (everything under ``baechi:``; RQ keeps its own ``rq:`` keys)::
 
     baechi:graph:{tenant}:{sha256}     hash: zlib-compressed JSON, name, ops, edges, size
     baechi:placement:{id}              hash: the placement record (status, tenant, request …)
-    baechi:plan:{id}                   string: the plan JSON (DESIGN §5)
+    baechi:plan:{id}                   string: the plan JSON (docs/format.md §5)
     baechi:report:{id}                 hash: the HTML report, rendered once by a worker (gzip)
     baechi:idem:{tenant}:{digest}      string: placement id of an identical earlier request
     baechi:key:{tenant}:{sha256(key)}  string: "{digest} {id}" of an ``Idempotency-Key`` header
@@ -38,7 +38,7 @@ SEQ_KEY = f"{PREFIX}:seq"
 STATS_KEY = f"{PREFIX}:stats"
 HISTOGRAM_KEY = f"{PREFIX}:placement_seconds"
 
-#: Every status of DESIGN §7 (the API's schema uses this type).
+#: Every status of docs/format.md §7 (the API's schema uses this type).
 Status = Literal["queued", "running", "finished", "failed", "canceled"]
 STATUSES: tuple[str, ...] = get_args(Status)
 #: Statuses a placement never leaves.

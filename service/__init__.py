@@ -1,4 +1,4 @@
-"""The placement service's HTTP API (FastAPI) (DESIGN §7).
+"""The placement service's HTTP API (FastAPI) (docs/format.md §7).
 
 It validates requests, authenticates tenants and enqueues jobs through the job contract it
 shares with the workers (:mod:`baechi.jobs`); it never imports :mod:`baechi.worker`, and its

@@ -24,7 +24,7 @@ from pydantic.json_schema import models_json_schema
 from baechi._version import __version__
 from baechi.plan import Plan
 
-DESCRIPTION = """Placement as a service for ML training graphs (DESIGN §7).
+DESCRIPTION = """Placement as a service for ML training graphs (docs/format.md §7).
 
 Submit a profiled graph and a cluster, poll the placement, fetch the plan. Authenticate with
 `X-API-Key`. Errors are JSON `{"error": {"code", "message", "details"}}`."""

@@ -1,6 +1,6 @@
 """JSON errors ``{"error": {"code", "message", "details"}}`` and their OpenAPI documentation.
 
-Every way a request can fail maps to one of the statuses of DESIGN §7; handlers here make sure
+Every way a request can fail maps to one of the statuses of format.md §7; handlers here make sure
 even framework errors (unknown route, bad query parameter) and Redis outages use that shape.
 A 500 is left only for bugs.
 """

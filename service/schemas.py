@@ -28,7 +28,7 @@ Objective = Literal["step_time", "throughput"]
 
 # ---------------------------------------------------------------------------- requests
 class PlacementRequest(BaseModel):
-    """A placement request (DESIGN §3): ``graph`` inline or ``graph_id`` of an uploaded one."""
+    """A placement request (format.md §3): ``graph`` inline or ``graph_id`` of an uploaded one."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -40,7 +40,7 @@ class PlacementRequest(BaseModel):
                            json_schema_extra={"enum": list(ALGORITHM_NAMES)})
     options: Options = Field(default_factory=Options)
     objective: Objective = Field(default="step_time",
-                                 description="step_time or throughput (DESIGN §10).")
+                                 description="step_time or throughput (docs/format.md §10).")
 
     @field_validator("algorithm")
     @classmethod

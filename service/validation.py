@@ -53,7 +53,7 @@ class PlacementInput:
     graph_id: str
     graph_name: str
     graph_ops: int
-    cluster: dict[str, Any]  # as the user wrote it: plans are self-describing (DESIGN §5)
+    cluster: dict[str, Any]  # as the user wrote it: plans are self-describing (docs/format.md §5)
     algorithm: str
     options: dict[str, Any]  # defaults filled in, time limit capped for the job's timeout
     objective: str

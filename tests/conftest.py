@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 SHARED = Path(os.environ.get("BAECHI_SHARED", ROOT.parent / "shared"))
 HAVE_SHARED = (SHARED / "graphs").is_dir()
-#: Logical CPU devices the TensorFlow tests split the CPU into, standing in for GPUs (DESIGN §8).
+#: Logical CPU devices the TensorFlow tests split the CPU into, standing in for GPUs (docs/format.md §8).
 TF_DEVICES = 4
 
 #: Marks a test that reads ``../shared``; it is skipped, saying so, where that is absent.

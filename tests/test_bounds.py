@@ -57,7 +57,7 @@ def tight_cases(draw: st.DrawFn) -> tuple[dict, Cluster]:
 
 
 def check_bound(doc: dict, cluster: Cluster) -> None:
-    """The bound is at least DESIGN's and at most the best plan's step time (brute force)."""
+    """The bound is at least the format's and at most the best plan's step time (brute force)."""
     graph = load_graph(doc)
     units = colocation_units(graph, cluster)
     best, _, _ = brute_force(graph, cluster, units)
@@ -68,7 +68,7 @@ def check_bound(doc: dict, cluster: Cluster) -> None:
     event("feasible" if best < math.inf else "no plan fits")
     check_packing(graph, cluster, best)
     if best < math.inf:
-        event("raised above DESIGN's bound" if bound > floor else "DESIGN's bound")
+        event("raised above the format's lower bound" if bound > floor else "the format's lower bound")
         event("tight" if bound == pytest.approx(best) else "below the optimum")
 
 
@@ -212,7 +212,7 @@ def test_pins_force_a_crossing_without_memory_limits() -> None:
 def test_auto_proves_a_split_chain_optimal_by_the_bound() -> None:
     cluster = {"devices": {"count": 2, "memory_bytes": 100 * MB}, "network": NETWORK}
     plan = place(CHAIN, cluster, "auto", {"time_limit_s": 5})
-    assert plan.estimate.lower_bound_us == 40  # DESIGN's bound, as the contract defines it
+    assert plan.estimate.lower_bound_us == 40  # the format's lower bound, as the contract defines it
     assert plan.estimate.step_time_us == pytest.approx(41.1)
     assert plan.stats.bound_us == pytest.approx(41.1)
     assert plan.stats.optimal is True

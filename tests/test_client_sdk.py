@@ -1,7 +1,7 @@
 """The client SDK without a service: retries, error mapping, inputs, progress bar, CLI errors.
 
 Responses come from ``httpx.MockTransport`` handlers that play the service's documented
-answers (DESIGN §7); the same behaviour against the real service is in
+answers (docs/format.md §7); the same behaviour against the real service is in
 ``test_client_service.py``.
 """
 

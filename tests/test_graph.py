@@ -1,4 +1,4 @@
-"""Graph format v1 (DESIGN §2): loading and every validation rule, one clear error each."""
+"""Graph format v1 (docs/format.md §2): loading and every validation rule, one clear error each."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Units of placement (DESIGN §6 steps 1–2): colocation, forward pairs, pins, co-placement."""
+"""Units of placement (docs/format.md §6 steps 1–2): colocation, forward pairs, pins, co-placement."""
 
 from __future__ import annotations
 

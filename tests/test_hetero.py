@@ -1,4 +1,4 @@
-"""Heterogeneous clusters (DESIGN §10): device kinds, ``compute_us_by_kind``, edge
+"""Heterogeneous clusters (docs/format.md §10): device kinds, ``compute_us_by_kind``, edge
 ``transfer_us``, per-pair ``links``; old documents keep their meaning."""
 
 from __future__ import annotations
@@ -282,7 +282,7 @@ def test_auto_runs_m_eft_in_order_where_devices_differ_else_late(
 
 
 def _explicit_defaults(case: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The case with DESIGN §10's fields written out at values that change nothing: kinds and
+    """The case with docs/format.md §10's fields written out at values that change nothing: kinds and
     host at their defaults, a link per device pair equal to the default link, a time for a
     kind the cluster does not have."""
     cluster = Cluster.parse(case["plan"]["request"]["cluster"]).to_json()

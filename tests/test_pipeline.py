@@ -1,4 +1,4 @@
-"""The reduction pipeline (DESIGN §6): phases, fusion acyclicity, memory model, expansion."""
+"""The reduction pipeline (docs/format.md §6): phases, fusion acyclicity, memory model, expansion."""
 
 from __future__ import annotations
 

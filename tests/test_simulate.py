@@ -1,4 +1,4 @@
-"""The cost model of DESIGN §4: conformance cases and one hand-computed case per rule."""
+"""The cost model of docs/format.md §4: conformance cases and one hand-computed case per rule."""
 
 from __future__ import annotations
 

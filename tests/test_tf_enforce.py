@@ -1,6 +1,6 @@
 """TensorFlow: ``apply_plan(..., enforce_order=True)`` and ``client.measure`` (issue 11).
 
-TensorFlow runs on the CPU split into 4 logical devices (DESIGN §8), oneDNN off so placed and
+TensorFlow runs on the CPU split into 4 logical devices (docs/format.md §8), oneDNN off so placed and
 unplaced steps compute the same numbers. Plans are hand-written in the plan format (with a
 hand-written ``transfer_order`` in the format of ARCHITECTURE.md, "Transfer order") for a tiny
 two-branch model, plus one engine plan for the bundled CNN. Few steps each: these tests

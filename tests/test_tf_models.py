@@ -1,6 +1,6 @@
 """TensorFlow end to end: ``client.profile`` and ``client.apply_plan`` on real Keras models.
 
-Runs TensorFlow on the CPU, split into 4 logical devices standing in for 4 GPUs (DESIGN §8),
+Runs TensorFlow on the CPU, split into 4 logical devices standing in for 4 GPUs (docs/format.md §8),
 with oneDNN off so that placed and unplaced steps compute bit-identical numbers. Models: a
 small CNN, a two-layer LSTM and ResNet-50 (random weights, 32x32 images, batch 2).
 """

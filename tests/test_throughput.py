@@ -1,4 +1,4 @@
-"""The throughput objective (DESIGN §10): the model, its placers and the request field."""
+"""The throughput objective (docs/format.md §10): the model, its placers and the request field."""
 
 from __future__ import annotations
 

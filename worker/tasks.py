@@ -3,7 +3,7 @@
 :func:`run_placement` runs in a forked work horse. Errors of the input or the problem
 (:class:`~baechi.errors.PlacementError`) and timeouts end the placement ``failed`` right here,
 without a retry: running it again would fail the same way. Anything else escapes to RQ, which
-retries the job once (DESIGN §7) and calls :func:`on_failure` when it gives up.
+retries the job once (docs/format.md §7) and calls :func:`on_failure` when it gives up.
 
 :func:`render_report` renders a finished placement's HTML report once and stores it, so the
 API only serves stored bytes (issue 12, items 8 and 14).

@@ -29,7 +29,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "exact": place_exact,
 }
 
-#: The throughput objective's placers (DESIGN §10), for ``objective: "throughput"`` only
+#: The throughput objective's placers (docs/format.md §10), for ``objective: "throughput"`` only
 #: (they balance loads and check persistent memory, not one step's peak).
 THROUGHPUT_ALGORITHMS: dict[str, Algorithm] = {
     "throughput-contiguous": place_contiguous,

@@ -1,4 +1,4 @@
-"""m-ETF: earliest-task-first list scheduling under memory limits (Baechi, DESIGN §6).
+"""m-ETF: earliest-task-first list scheduling under memory limits (Baechi, docs/format.md §6).
 
 Repeatedly commit the (ready op, device with room) pair with the earliest start; ties go to
 the op with the longest remaining path, then the canonical order, then the device index.

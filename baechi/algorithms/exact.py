@@ -6,7 +6,7 @@ The model, for a graph small enough (:data:`EXACT_MAX_OPS`; ``auto`` calls it on
   exactly one device it may use;
 - each op is an optional interval on every device its unit may go to, its length the op's
   time there (:class:`~baechi.costmodel.CostModel`); a device runs one op at a time;
-- a message (one per tensor and destination device: DESIGN §4 caching) delays every consumer
+- a message (one per tensor and destination device: docs/format.md §4 caching) delays every consumer
   on another device by its transfer time on that device pair; on the same device by nothing;
 - sequential mode: each message is also an optional interval on the sender's and the
   receiver's channel, which carry one message at a time;
@@ -439,7 +439,7 @@ class _Model:
             for dst in m.consumers:
                 unit_b = units.unit_of[dst]
                 # the cheapest link whenever the units are apart; a dearer link (per-pair
-                # links, DESIGN §10) when the units sit on its two devices
+                # links, docs/format.md §10) when the units sit on its two devices
                 model.Add(start[dst] >= end[m.src] + self.ticks(least)).OnlyEnforceIf(
                     self._same(m.src, dst, allowed).Not())
                 for (a, b), delay in m.delays.items():

@@ -1,4 +1,4 @@
-"""m-SCT: small-communication-time scheduling with favourite children (Baechi, DESIGN §6).
+"""m-SCT: small-communication-time scheduling with favourite children (Baechi, docs/format.md §6).
 
 The favourite-child LP (Hanen & Munier's relaxation) picks, for each op, at most one child
 whose data should stay on the same device; it is solved with OR-Tools' GLOP. The schedule

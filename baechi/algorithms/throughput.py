@@ -1,4 +1,4 @@
-"""Placement for the throughput objective (DESIGN §10): minimise the busiest device's load.
+"""Placement for the throughput objective (docs/format.md §10): minimise the busiest device's load.
 
 Both placers solve one integer program with OR-Tools CP-SAT over the graph's units
 (colocation groups and forward pairs, which never split). Variables: ``x[u][d]`` (unit ``u`` on

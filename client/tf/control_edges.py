@@ -1,4 +1,4 @@
-"""Enforce a plan's order in a traced training step (DESIGN §10, issue 11).
+"""Enforce a plan's order in a traced training step (docs/format.md §10, issue 11).
 
 TensorFlow runs every op as soon as its inputs are ready; a device of a plan, in contrast,
 runs its ops one after the other in the plan's ``order``. :func:`enforce` makes the traced

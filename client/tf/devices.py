@@ -2,7 +2,7 @@
 
 A plan names the devices of the cluster it was made for (``/GPU:0`` ...). Here ``/GPU:i`` is
 the i-th local logical device of the chosen kind: GPUs when there are any, else CPUs. Without a
-GPU, :func:`split_cpu` splits the CPU into logical devices that stand in for GPUs (DESIGN §8).
+GPU, :func:`split_cpu` splits the CPU into logical devices that stand in for GPUs (format.md §8).
 """
 
 from __future__ import annotations

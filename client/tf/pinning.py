@@ -1,4 +1,4 @@
-"""``apply_plan``: put a Keras model's variables and ops where a plan says (DESIGN §8).
+"""``apply_plan``: put a Keras model's variables and ops where a plan says (docs/format.md §8).
 
 Three things happen:
 

@@ -1,4 +1,4 @@
-"""Profile a Keras training step into a ``baechi.graph/v1`` document (DESIGN §2, §8).
+"""Profile a Keras training step into a ``baechi.graph/v1`` document (docs/format.md §2, §8).
 
 How it works:
 

@@ -8,7 +8,7 @@ it, so the plan names its nodes. The returned ``GraphModule``:
 - runs every node on its planned device: a ``_transfer`` node (``tensor.to(device)``, which
   autograd differentiates, so gradients flow back across the same edge) is inserted before
   the first consumer on each device an output is needed on — one per (tensor, device), as the
-  cost model's transfer cache (DESIGN §4); tensor factories get the node's device;
+  cost model's transfer cache (docs/format.md §4); tensor factories get the node's device;
 - moves its inputs to their placeholders' planned devices and leaves each output on the device
   that computed it (``placed.baechi.output_device``; the loss runs there).
 

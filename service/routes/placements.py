@@ -38,7 +38,7 @@ PAGE_LIMIT = 1000
 
 
 @router.post(
-    "/placements", status_code=202, summary="Submit a placement request (DESIGN §3)",
+    "/placements", status_code=202, summary="Submit a placement request (docs/format.md §3)",
     responses={**responses(400, 401, 413, 415, 422),
                202: {"description": "Accepted (or an identical earlier request's placement).",
                      "headers": {"Location": {"schema": {"type": "string"},
@@ -166,7 +166,7 @@ def cancel_placement(placement_id: str, tenant: Tenant,
 
 
 @router.get(
-    "/placements/{placement_id}/plan", summary="The plan (DESIGN §5) of a finished placement",
+    "/placements/{placement_id}/plan", summary="The plan (format.md §5) of a finished placement",
     response_class=Response,
     responses={**responses(401, 404, 409),
                200: {"description": "The plan, format baechi.plan/v1.",
