@@ -31,8 +31,15 @@ from typing import Any
 from baechi._version import __version__
 from baechi.algorithms import DEFAULT_ALGORITHM, get_algorithm
 from baechi.algorithms.base import Progress, no_progress
+from baechi.algorithms.exact import EXACT_MAX_OPS
 from baechi.auto import Outcome, candidate_fields, place_auto
-from baechi.bounds import PACKING_TIME_LIMIT_S, meets_bound, pack_units, unit_floor
+from baechi.bounds import (
+    PACKING_TIME_LIMIT_S,
+    meets_bound,
+    pack_units,
+    settle_claims,
+    unit_floor,
+)
 from baechi.cluster import Cluster
 from baechi.costmodel import CostModel
 from baechi.errors import InfeasiblePlacement, PlacementError
@@ -269,6 +276,15 @@ def _place_in_fresh_process(
 def _place_named(request: Request, algorithm: str) -> _Result:
     """One named algorithm, its fallbacks, and the options' portfolio and single check."""
     options = request.options
+    fields: dict[str, Any] = {}
+    if algorithm == "exact" and len(request.graph) <= EXACT_MAX_OPS and (
+            options.co_placement or options.fusion):
+        # exact solves graphs of this size as they are, where its proof holds for the request
+        options = options.without_pipeline()
+        fields["pipeline_note"] = (
+            f"exact placed the graph itself ({len(request.graph)} ops, at most "
+            f"{EXACT_MAX_OPS}): no co-placement or fusion, so what it proves holds for the "
+            "request")
     # When memory defeats the request, fall back to what gives the placer more freedom (the
     # unreduced graph), then to the memory-first placer; say so in the plan's stats.
     attempts = [(algorithm, options, None)]
@@ -312,8 +328,8 @@ def _place_named(request: Request, algorithm: str) -> _Result:
             raise InfeasiblePlacement(
                 f"{error.message} (no fallback found one either{cut_short})", error.details)
         raise error
-    fields: dict[str, Any] = {"fallback": fallback, "memory_retries": retries,
-                              "deadline_reached": request.expired()}
+    fields.update({"fallback": fallback, "memory_retries": retries,
+                   "deadline_reached": request.expired()})
     if options.portfolio and fallback is None:
         found, portfolio_seconds, portfolio_fields = _portfolio(request, found)
         seconds = add_seconds(seconds, portfolio_seconds)
@@ -448,10 +464,12 @@ def _plan(
                       else transfer_entries(graph, cluster, simulation.transfer_order))
     reduction = run.reduction
     nodes = reduction.nodes if reduction is not None else []
+    claimed = {**_finite(run.algorithm_stats),
+               **{k: v for k, v in result.fields.items() if v is not None}}
+    settle_claims(claimed, simulation, own_plan=simulation is run.simulation)
     stats = PlanStats.model_validate({
-        **_finite(run.algorithm_stats),
         "memory_retries": run.memory_retries,
-        **{k: v for k, v in result.fields.items() if v is not None},
+        **claimed,
         "nodes": nodes,
         "nodes_placed": nodes[-1]["nodes"] if nodes else len(graph),
         "reduction": reduction.stats if reduction is not None else {},

@@ -7,7 +7,7 @@ import itertools
 import math
 import time
 from collections import deque
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from ortools.sat.python import cp_model
 
@@ -459,3 +459,52 @@ def meets_bound(simulation: Simulation | None, bound_us: float) -> bool:
     assert simulation is not None
     terms = len(simulation.device_of) + len(simulation.transfers) + 1
     return simulation.estimate.step_time_us <= bound_us * (1 + 2 * terms * UNIT_ROUNDOFF)
+
+
+#: The solver's own figures, which describe the plan it returned and no other.
+SOLVER_FIELDS = ("solver_status", "solve_seconds", "model_step_us", "model_exact",
+                 "channels_modelled", "scale", "optimal_note")
+
+
+def settle_claims(stats: dict[str, Any], simulation: Simulation, own_plan: bool) -> None:
+    """Make ``stats``' claims (``optimal``, ``bound_us``) describe ``simulation``, the plan
+    returned, in place.
+
+    ``own_plan`` says whether it is the plan the algorithm that filled ``stats`` returned;
+    when a later pass replaced it (transfer order, single device, local search), the
+    solver's own figures go. ``optimal`` is true exactly when the plan's replay meets
+    ``bound_us``; a "bound" above the plan's own replay proves nothing (a model stricter than
+    the simulator) and is dropped with a note, as is any claim without a bound.
+
+    Examples
+    --------
+    >>> from baechi import Cluster, load_graph
+    >>> from baechi.simulate import replay
+    >>> g = load_graph({"format": "baechi.graph/v1", "ops": [{"name": "a", "compute_us": 5}]})
+    >>> run = replay(g, Cluster.uniform(1), [0], [[0]])
+    >>> stats = {"optimal": False, "bound_us": 5.0, "solver_status": "FEASIBLE"}
+    >>> settle_claims(stats, run, own_plan=False); stats
+    {'optimal': True, 'bound_us': 5.0}
+    >>> stats = {"optimal": True, "bound_us": 6.0}
+    >>> settle_claims(stats, run, own_plan=True); stats["optimal"], stats["bound_us"]
+    (False, None)
+    """
+    if not own_plan:
+        for key in SOLVER_FIELDS:
+            stats.pop(key, None)
+    bound = stats.get("bound_us")
+    if bound is None:
+        if stats.get("optimal"):
+            stats["optimal"] = False
+            stats["optimal_note"] = "no bound was proved for the plan returned"
+        return
+    step = simulation.estimate.step_time_us
+    terms = len(simulation.device_of) + len(simulation.transfers) + 1
+    if bound > step * (1 + 2 * terms * UNIT_ROUNDOFF):
+        stats["bound_us"] = None
+        stats["optimal"] = False
+        stats["optimal_note"] = (f"the solver's bound ({bound:g} us) is above this plan's "
+                                 "replay: its model was stricter than the simulator, so "
+                                 "nothing is proved")
+        return
+    stats["optimal"] = meets_bound(simulation, bound)

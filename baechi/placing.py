@@ -311,16 +311,19 @@ def _in_placer_order(request: Request, options: Options, reduction: Reduction,
 
 def for_the_request(algorithm_stats: dict[str, Any], reduction: Reduction) -> dict[str, Any]:
     """An algorithm's figures as they hold for the request: an optimum proved on a reduced
-    graph whose units are coarser than grouping alone makes them (co-placement or fusion
-    merged some) is not one for the request, and its bound is not a bound of every plan."""
+    graph is not one for the request, nor its bound a bound of every plan, when the reduction
+    merged units beyond what the request itself groups (co-placement) or fused ops into one
+    node (a fused node runs its ops back to back and sends at its end, stricter than the
+    simulator even inside one colocation group)."""
     units = {entry["phase"]: entry.get("units", entry["nodes"]) for entry in reduction.nodes}
     stats = dict(algorithm_stats)
-    if units.get("grouping") == min(units.values(), default=0):
+    fused = reduction.members is not None and len(reduction.members) < len(reduction.original)
+    if units.get("grouping") == min(units.values(), default=0) and not fused:
         return stats
     if "optimal" in stats:
         stats["optimal"] = False
-        stats["optimal_note"] = ("proved for the reduced graph only (co-placement/fusion "
-                                 "merged units); place with the pipeline off for a proof on "
+        stats["optimal_note"] = ("proved for the reduced graph only (co-placement or fusion "
+                                 "merged ops); place with the pipeline off for a proof on "
                                  "every op")
     if "bound_us" in stats:
         stats["reduced_bound_us"] = stats.pop("bound_us")

@@ -132,9 +132,11 @@ WORKERS = 2
 #: keep every subsolver (unmeasured without them).
 RELAXED_IGNORED_SUBSOLVERS: tuple[str, ...] = ("ls", "feasibility_pump")
 
-#: A time within this relative distance of a whole number of ticks is that number (float
-#: noise of the scaling; a profile's times have a few decimals).
-FLOAT_SLACK = 1e-9
+#: A time within this relative distance of a whole number of ticks is that number: float
+#: noise of the scaling, no more, so that a model whose times were snapped stays within
+#: float rounding of the simulator's (59.99999997 µs is no 60 µs: its model would be
+#: stricter than the simulator and its bound above the plan).
+FLOAT_SLACK = 1e-12
 
 
 @dataclass
