@@ -35,7 +35,8 @@ wins, so ``auto`` is never slower than any candidate it ran):
    (:data:`SPREAD_LABEL`); where they fill at least :data:`SPREAD_EARLY_SHARE` of the
    memory, right after the cheap candidates, followed by the repairs of their refused
    plans, before that first blind start.
-3. The single-device plan, when the whole graph fits on one device.
+3. The single-device plan, when the whole graph fits on one device and ``allow_single`` is on
+   (with it off, neither this plan nor the "single" blind start runs).
 4. Local search (:func:`baechi.search.improve`) from the best plan, on the unreduced graph's
    units, in slices until :data:`SEARCH_PATIENCE` slices in a row gain less than
    :data:`SEARCH_MIN_GAIN`, or the deadline.
@@ -556,13 +557,14 @@ def place_auto(request: Request) -> Outcome:
     def blind() -> None:  # once: before the solver, which may take the time left
         nonlocal single, blind_done
         blind_done = True
-        single = single_plan(request)
+        single = single_plan(request) if request.options.allow_single else None
         # a plan within memory first: the refused plans are closest to one (closer than the
         # spread start's, where every tensor crosses devices)
         if best is None or best is spread_best:
             repair_refused()
         if best is None or not meets_bound(best.simulation, _bound(request, runs)):
-            starts = _blind_starts(request, blind_started, skip_single=single is not None)
+            starts = _blind_starts(request, blind_started, skip_single=single is not None
+                                   or not request.options.allow_single)
             take(_repairs(request, starts, _step_of(best)))
         if best is None and not spread_done:
             spread()
@@ -629,7 +631,7 @@ def place_auto(request: Request) -> Outcome:
         blind()
     if best is None or not meets_bound(best.simulation, _bound(request, runs)):
         repair_refused()
-    if not blind_done:
+    if not blind_done and request.options.allow_single:
         single = single_plan(request)
     if single is not None:
         candidates.append(Candidate(algorithm="single", step_time_us=single.estimate.step_time_us))
