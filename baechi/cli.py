@@ -192,6 +192,8 @@ def summary(plan: Plan, estimate: Estimate, cluster: Cluster) -> str:
         optimal = plan.stats.optimal
         proof = "" if optimal is None else "  (proved optimal)" if optimal else \
             f"  (best found; bound {_ms(plan.stats.bound_us or 0.0)})"
+        if not optimal and getattr(plan.stats, "contiguous_optimal", False):
+            proof += "; optimal among contiguous splits"
         loads = ", ".join(f"{name} {_ms(us)}" for name, us in (e.device_load_us or {}).items())
         lines[-3:-3] = [f"time/sample    {_ms(e.time_per_sample_us)}{proof}",
                         f"device loads   {loads}"]

@@ -21,8 +21,9 @@ from typing import Any
 
 from baechi.algorithms import get_algorithm
 from baechi.algorithms.base import Problem, Progress
+from baechi.algorithms.throughput import meets_throughput_bound
 from baechi.cluster import Cluster
-from baechi.errors import InfeasiblePlacement
+from baechi.errors import InfeasiblePlacement, InvalidRequest
 from baechi.graph import Graph
 from baechi.grouping import colocation_units
 from baechi.options import Options
@@ -40,11 +41,13 @@ def place_for_throughput(
 ) -> Plan:
     """Place ``graph`` for the throughput objective (see the module docstring)."""
     started = time.perf_counter()
+    _refuse_step_time_options(options)
     name = THROUGHPUT_DEFAULT if algorithm == "auto" else algorithm
     units = colocation_units(graph, cluster, options.forward_only)
     deadline = started + options.time_limit_s
     problem = Problem.of(graph, cluster, units, time_limit_s=options.time_limit_s,
-                         deadline=deadline, progress=report)
+                         deadline=deadline, progress=report,
+                         allow_single=options.allow_single)
     report("place", 0.0)
     why = None  # why the named algorithm's plan is not the answer
     try:
@@ -82,8 +85,17 @@ def place_for_throughput(
         "algorithm_run": name,
         "throughput_memory_bytes": dict(zip(names, verdict.memory_bytes, strict=True)),
         "throughput_memory_ok": verdict.memory_ok,
+        "deadline_reached": time.perf_counter() > deadline,
+        "phases": {"place": time.perf_counter() - started},
         "placement_seconds": time.perf_counter() - started,
     }
+    bound = stats.get("bound_us")
+    if bound is not None and bound > verdict.time_per_sample_us * (1 + 1e-12):
+        stats.update(bound_us=None, optimal=False,
+                     optimal_note="the solver's bound is above this split's time per sample: "
+                                  "nothing is proved")
+    elif bound is not None:
+        stats["optimal"] = meets_throughput_bound(verdict.time_per_sample_us, bound)
     report("done", 1.0)
     return Plan(
         graph=GraphInfo(name=graph.name, sha256=graph.sha256, ops=len(graph)),
@@ -96,6 +108,23 @@ def place_for_throughput(
         stats=stats,
         engine={"version": version},
     )
+
+
+#: Options of the step-time objective that the throughput objective does not apply, and the
+#: value that says what it does (it places the colocation units as they are, with no
+#: reduction, portfolio or transfer-order pass).
+STEP_TIME_ONLY = {"co_placement": False, "fusion": False, "portfolio": False,
+                  "transfer_order": "fifo"}
+
+
+def _refuse_step_time_options(options: Options) -> None:
+    """Refuse an option the request set that the throughput objective cannot honour."""
+    for option, honoured in STEP_TIME_ONLY.items():
+        if option in options.model_fields_set and getattr(options, option) != honoured:
+            raise InvalidRequest(
+                f"options.{option}: {getattr(options, option)!r} applies to objective "
+                f"'step_time' only; the throughput objective places the colocation units as "
+                f"they are (leave it out, or set it to {honoured!r})")
 
 
 def _overshoot(cluster: Cluster, verdict: Throughput) -> str:

@@ -47,6 +47,9 @@ class Problem:
     #: sequential mode and, under memory limits, the received copies out of its model (its
     #: bound still holds; its plans are replayed).
     relaxed: bool = False
+    #: Whether a plan may put every unit on one device (``options.allow_single``; the
+    #: throughput placers keep to it, the step-time request checks it after placing).
+    allow_single: bool = True
     #: What a placer computed on this graph and units that a placement of the same problem
     #: with other budgets may reuse (m-cut's walks: :func:`~baechi.algorithms.cut.place_cut`),
     #: by the placer's key. ``dataclasses.replace`` keeps it, as the memory retries do, and

@@ -26,6 +26,7 @@ default link); the plan's verdict is always :func:`baechi.throughput.throughput`
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -75,7 +76,7 @@ def place_split(problem: Problem) -> Assignment:
     except InfeasiblePlacement:  # no contiguous split (in time): search from the cut
         first = None
     left = problem.time_limit_s - (time.perf_counter() - started)
-    best = first
+    best, second = first, None
     if first is None or left > 0:  # else no time is left for the second model
         # without a contiguous split, the solver has at least half a second to find any
         second = _solve(problem, contiguous=False,
@@ -85,9 +86,16 @@ def place_split(problem: Problem) -> Assignment:
                 "time_per_sample_us"]:
             best = second
     assert best is not None
+    bound_us = max(run.stats["bound_us"] for run in (first, second) if run is not None)
     best.stats = {**best.stats, "solve_seconds": time.perf_counter() - started,
                   "contiguous_us": first.stats["time_per_sample_us"] if first else None,
-                  "contiguous_optimal": first.stats["optimal"] if first else False}
+                  "contiguous_optimal": first.stats.get("contiguous_optimal", False)
+                  if first else False,
+                  "bound_us": bound_us,
+                  "optimal": meets_throughput_bound(best.stats["time_per_sample_us"],
+                                                    bound_us)}
+    if best.stats["optimal"]:
+        best.stats.pop("optimal_note", None)
     return best
 
 
@@ -476,6 +484,7 @@ def _solve(
             load_coeffs[d].append(_ns(unit_us[u][d]))
     # (flag, is a send, source unit, consumer units, device): to complete a hint
     flags: list[tuple[Any, bool, int, list[int], int]] = []
+    uneven_tensors = False  # a tensor whose edges cost differently: priced at the largest
     for count, ((src, _), edges) in enumerate(tensors(graph).items()):
         if not count % BUILD_CHECK_TENSORS and time.perf_counter() > give_up:
             return out_of_time()
@@ -483,8 +492,10 @@ def _solve(
         consumers = sorted({units.unit_of[graph.edge_dst[k]] for k in edges} - {a})
         if not consumers:
             continue
-        price = _ns(max(cost.nominal_transfer_us(k) for k in edges
-                        if units.unit_of[graph.edge_dst[k]] != a))
+        prices = [cost.nominal_transfer_us(k) for k in edges
+                  if units.unit_of[graph.edge_dst[k]] != a]
+        uneven_tensors = uneven_tensors or min(prices) != max(prices)
+        price = _ns(max(prices))
         if price <= 0:
             continue
         for d in range(n_dev):
@@ -525,6 +536,10 @@ def _solve(
                      and unit_bytes[u]]
             if terms:
                 model.Add(sum(b * v for b, v in terms) <= dev.memory_bytes)
+    if not problem.allow_single and n_units > 1:
+        for d in range(n_dev):
+            if all(d in x[u] for u in range(n_units)):
+                model.Add(sum(x[u][d] for u in range(n_units)) <= n_units - 1)
     order = _add_stage_order(model, problem, x) if contiguous else None
     model.Minimize(period)
     if time.perf_counter() > give_up:
@@ -564,18 +579,91 @@ def _solve(
                                                                       - started))
     solver.parameters.num_workers = 2
     status = solver.Solve(model)
+    floor_us = _floor_us(unit_us, allowed, n_dev)
+    # the model equals the verdict (so its bound holds for every plan) only without per-pair
+    # links (it prices a tensor at the default link), with the memory rule exact (no kept
+    # activations under a limit: the model keeps them for every stage on every device), with
+    # times in whole nanoseconds, and over every split (not only contiguous ones)
+    limited = any(dev.memory_bytes is not None for dev in devices)
+    inexact = [why for why, holds in (
+        ("only contiguous splits were searched", contiguous),
+        ("transfers are priced at the default link, not each pair's", bool(
+            cluster.network.links)),
+        ("the model keeps activations for every stage on every device, more than the "
+         "memory rule", limited and any(kept)),
+        ("times were rounded to nanoseconds", not _whole_ns(unit_us)),
+        ("a tensor's edges differ in cost; the model prices each at its largest",
+         uneven_tensors),
+    ) if holds]
     if status == cp_model.INFEASIBLE:
+        if limited and any(kept):
+            # the model's memory rule is stricter than the verdict's: try what it cut off
+            found = _exact_rule_split(problem, start_guess, allowed, floor_us)
+            if found is not None:
+                return found
         raise InfeasiblePlacement(f"{name}: no split fits in memory",
                                   {"status": solver.StatusName(status)})
-    bound_us = solver.BestObjectiveBound() / NS_PER_US
+    bound_us = floor_us
+    if not inexact:
+        bound_us = max(bound_us, solver.BestObjectiveBound() / NS_PER_US)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         # CP-SAT had no time to take even the warm start (a loaded machine, a short limit):
         # the warm start is a valid split, better than no plan
         return warm_start("CP-SAT found no split", bound_us, solver.StatusName(status))
     unit_device = [next(d for d, v in x[u].items() if solver.Value(v)) for u in range(n_units)]
-    return _assignment(problem, unit_device, {
-        "optimal": status == cp_model.OPTIMAL, "bound_us": bound_us,
-        "solve_seconds": time.perf_counter() - started, "contiguous": contiguous})[0]
+    stats: dict[str, Any] = {"bound_us": bound_us, "solver_status": solver.StatusName(status),
+                             "solve_seconds": time.perf_counter() - started,
+                             "contiguous": contiguous}
+    if contiguous:
+        stats["contiguous_optimal"] = status == cp_model.OPTIMAL and len(inexact) == 1
+    if inexact:
+        stats["optimal_note"] = "no proof for every plan: " + "; ".join(inexact)
+    plan, verdict = _assignment(problem, unit_device, stats)
+    plan.stats["optimal"] = meets_throughput_bound(verdict.time_per_sample_us, bound_us)
+    return plan
+
+
+def meets_throughput_bound(time_per_sample_us: float, bound_us: float) -> bool:
+    """Whether a split's time per sample meets a bound of every split's (float rounding
+    aside: a load is a sum of at most a few thousand terms)."""
+    return time_per_sample_us <= bound_us * (1 + 1e-12)
+
+
+def _floor_us(unit_us: list[list[float]], allowed: list[list[int]], n_dev: int) -> float:
+    """A time per sample no split beats: the largest unit on its fastest device, and the
+    work of every unit at its fastest spread evenly (transfers only add)."""
+    fastest = [min(unit_us[u][d] for d in allowed[u]) for u in range(len(unit_us))]
+    return max(max(fastest, default=0.0), sum(fastest) / max(1, n_dev))
+
+
+def _whole_ns(unit_us: list[list[float]]) -> bool:
+    """Whether every time the model rounds to nanoseconds was whole already."""
+    return all(abs(t * NS_PER_US - round(t * NS_PER_US)) <= 1e-6
+               for row in unit_us for t in row if math.isfinite(t))
+
+
+def _exact_rule_split(problem: Problem, start_guess: list[int] | None,
+                      allowed: list[list[int]], floor_us: float) -> Assignment | None:
+    """The fastest of the warm start and each one-device split that fits the exact memory
+    rule (:func:`baechi.throughput.throughput`), where the model's stricter rule found none."""
+    n_units = len(problem.units)
+    guesses = [] if start_guess is None else [start_guess]
+    if problem.allow_single or n_units == 1:
+        guesses += [[d] * n_units for d in range(len(problem.cluster.devices))
+                    if all(d in allowed[u] for u in range(n_units))]
+    best: tuple[Assignment, float] | None = None
+    for guess in guesses:
+        plan, verdict = _assignment(problem, guess, {
+            "bound_us": floor_us, "solver_status": "INFEASIBLE",
+            "optimal_note": "no proof: the model's memory rule (activations kept for every "
+                            "stage on every device) admits no split; this one fits the "
+                            "exact rule"})
+        if verdict.memory_ok and (best is None or verdict.time_per_sample_us < best[1]):
+            best = (plan, verdict.time_per_sample_us)
+    if best is None:
+        return None
+    best[0].stats["optimal"] = meets_throughput_bound(best[1], floor_us)
+    return best[0]
 
 
 def _assignment(
@@ -605,10 +693,12 @@ def _add_stage_order(
     model.AddAllDifferent(position)
     # identical devices (same kind, speed, memory, host; no per-pair links) are
     # interchangeable: keep them in cluster order along the pipeline
+    # (and every unit may go to both or to neither: a pin makes its device unlike the others)
     if not cluster.network.links:
         seen: dict[tuple[Any, ...], int] = {}
         for d, dev in enumerate(cluster.devices):
-            key = (dev.kind, dev.speed, dev.memory_bytes, dev.host)
+            may_hold = frozenset(u for u in range(len(units)) if d in x[u])
+            key = (dev.kind, dev.speed, dev.memory_bytes, dev.host, may_hold)
             if key in seen:
                 model.Add(position[seen[key]] < position[d])
             seen[key] = d
