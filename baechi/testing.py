@@ -289,6 +289,119 @@ def brute_force(graph: Graph, cluster: Cluster, units: Units,
     return best
 
 
+# ------------------------------------------------------------------------ claims
+def tiny_request(rng: random.Random) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A random tiny request (3–6 ops) with what makes claims hard: a colocation group, a pin,
+    forward/backward pairs, output/temp/persistent bytes under a memory limit (sometimes too
+    small for any plan), devices of different speeds, sequential or parallel channels.
+
+    Returns ``(graph document, cluster document)``.
+
+    Examples
+    --------
+    >>> import random
+    >>> doc, cluster = tiny_request(random.Random(3))
+    >>> 3 <= len(doc["ops"]) <= 6 and 2 <= len(cluster["devices"]) <= 3
+    True
+    """
+    n = rng.randint(3, 6)
+    n_dev = rng.randint(2, 3)
+    ops: list[dict[str, Any]] = []
+    for i in range(n):
+        ops.append({"name": f"o{i}", "compute_us": rng.choice([0, 1, 2, 5, 10, 20]),
+                    "output_bytes": rng.choice([0, 10, 100]),
+                    "temp_bytes": rng.choice([0, 0, 20]),
+                    "persistent_bytes": rng.choice([0, 0, 50])})
+    grouped = rng.sample(range(n), rng.choice([0, 0, 2]))
+    for i in grouped:
+        ops[i]["colocation_group"] = "g"
+    if rng.random() < 0.4:
+        ops[rng.randrange(n)]["device"] = f"/GPU:{rng.randrange(n_dev)}"
+        pinned = [op for op in ops if op.get("device")]
+        if any(op.get("colocation_group") for op in pinned):
+            for op in ops:  # one pin per group: the group takes it
+                op.pop("colocation_group", None)
+    edges = []
+    for j in range(1, n):
+        for i in rng.sample(range(j), min(j, rng.choice([1, 1, 2]))):
+            edges.append({"src": f"o{i}", "dst": f"o{j}",
+                          "bytes": min(ops[i]["output_bytes"], rng.choice([0, 10, 100]))})
+    if n >= 4 and rng.random() < 0.5:  # the last op is the backward op of an early one
+        ops[-1]["forward_op"] = ops[rng.randrange(n // 2)]["name"]
+    total = sum(op["output_bytes"] + op["temp_bytes"] + op["persistent_bytes"] for op in ops)
+    memory = rng.choice([None, None, max(1, total // 2), max(1, total // 4)])
+    speeds = rng.choice([[1.0] * n_dev, [2.0] + [1.0] * (n_dev - 1)])
+    cluster = {"devices": [{"name": f"/GPU:{d}", "memory_bytes": memory, "speed": speeds[d]}
+                           for d in range(n_dev)],
+               "network": {"latency_us": rng.choice([0, 1, 3]), "bandwidth_gbps": 0.01,
+                           "mode": rng.choice(["parallel", "sequential"])}}
+    return {"format": "baechi.graph/v1", "name": "tiny", "ops": ops, "edges": edges}, cluster
+
+
+def claim_violations(doc: dict[str, Any], cluster_doc: dict[str, Any], plan: Any,
+                     objective: str = "step_time") -> list[str]:
+    """What is false in ``plan``'s claims for the request ``(doc, cluster_doc)``, by brute
+    force over every valid plan (an empty list: every claim holds).
+
+    Checked: the plan keeps every unit and pin, fits memory and replays to its estimate;
+    it is no faster than the best valid plan; ``bound_us`` (and the estimate's
+    ``lower_bound_us``) is no more than the best; ``optimal`` only where the plan is the best.
+    Under the throughput objective the same against the best time per sample of
+    :func:`baechi.throughput.throughput` over every placement of the units.
+    """
+    from baechi.grouping import colocation_units
+    from baechi.plan import Plan
+    from baechi.simulate import simulate
+    from baechi.throughput import throughput
+
+    graph, cluster = load_graph(doc), Cluster.parse(cluster_doc)
+    plan = Plan.parse(plan)
+    units = colocation_units(graph, cluster, bool(plan.request.options.get("forward_only",
+                                                                            True)))
+    names = [d.name for d in cluster.devices]
+    device_of = [names.index(plan.placement[name]) for name in graph.names]
+    problems = []
+    for u, members in enumerate(units.members):
+        if len({device_of[op] for op in members}) > 1:
+            problems.append(f"unit {u} ({[graph.names[op] for op in members]}) is split")
+        if units.pin[u] >= 0 and device_of[members[0]] != units.pin[u]:
+            problems.append(f"unit {u} is not on its pin")
+    stats = plan.stats
+    tolerance = 1e-9
+    if objective == "throughput":
+        achieved = throughput(graph, cluster, device_of).time_per_sample_us
+        best = math.inf
+        n_dev = len(names)
+        choices = [[units.pin[u]] if units.pin[u] >= 0 else list(range(n_dev))
+                   for u in range(len(units))]
+        apart = not plan.request.options.get("allow_single", True) and len(units) > 1
+        for unit_devices in itertools.product(*choices):
+            if apart and len(set(unit_devices)) == 1:
+                continue  # allow_single off: no plan puts every unit on one device
+            verdict = throughput(graph, cluster,
+                                 [unit_devices[units.unit_of[v]] for v in range(len(graph))])
+            if verdict.memory_ok and verdict.time_per_sample_us < best:
+                best = verdict.time_per_sample_us
+    else:
+        estimate = simulate(graph, plan.model_dump(mode="json"))
+        if estimate != plan.estimate:
+            problems.append("the estimate is not the plan's replay")
+        if not estimate.memory_ok:
+            problems.append("the plan exceeds memory")
+        achieved = estimate.step_time_us
+        best = brute_force(graph, cluster, units)[0]
+        if estimate.lower_bound_us > best * (1 + tolerance) + tolerance:
+            problems.append(f"lower_bound_us {estimate.lower_bound_us} > best {best}")
+    if achieved < best * (1 - tolerance) - tolerance:
+        problems.append(f"the plan ({achieved}) beats the brute force ({best})")
+    bound = getattr(stats, "bound_us", None)
+    if bound is not None and bound > best * (1 + tolerance) + tolerance:
+        problems.append(f"bound_us {bound} > best {best}")
+    if getattr(stats, "optimal", None) and achieved > best * (1 + tolerance) + tolerance:
+        problems.append(f"optimal claimed at {achieved}, best is {best}")
+    return problems
+
+
 __all__ = [
     "CCRS",
     "DEVICE_COUNTS",
@@ -298,11 +411,13 @@ __all__ = [
     "SHAPES",
     "SmallCase",
     "brute_force",
+    "claim_violations",
     "fork_join",
     "layered",
     "linear_extensions",
     "skip_connections",
     "small_cases",
     "small_cluster",
+    "tiny_request",
     "with_memory",
 ]

@@ -450,9 +450,11 @@ def test_time_left_after_the_rounds_goes_to_one_long_solve(
     exact = [c for c in plan.stats.candidates if c.algorithm == "exact"]
     assert [c.note for c in exact].count("with the time left, from the best plan") == 1
     assert exact[-1].note == "with the time left, from the best plan"
-    if not plan.stats.optimal:  # unproven: it ran until placement's deadline, not capped
-        assert elapsed > (1 - ORDERING_SHARE) * limit_s - 0.25
-        assert exact[-1].seconds > max(c.seconds for c in exact[:-1])
+    # unproven (the premise: CP-SAT proves no plan of it within seconds), so the long solve
+    # ran until placement's deadline, not capped
+    assert not plan.stats.optimal, "premise: no plan of bert24 on PCIe is proved within 4 s"
+    assert elapsed > (1 - ORDERING_SHARE) * limit_s - 0.25
+    assert exact[-1].seconds > max(c.seconds for c in exact[:-1])
     # the transfer-order post-pass may pick the solver's plan for its own channel order
     steps = [c.step_time_us for c in plan.stats.candidates if c.step_time_us is not None]
     assert plan.estimate.step_time_us <= min(steps)
