@@ -160,7 +160,9 @@ def test_untraceable_submodules_become_one_op() -> None:
     module, x, y = Branchy(), torch.randn(4, 8), torch.randint(0, 2, (4,))
     optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
     graph = profile(module, x, y, nn.CrossEntropyLoss(), optimizer, steps=1)
+    # export fails on the data-dependent branch too: fx's capture, with Gate one op
     assert graph["meta"]["automatic_leaf_modules"] == ["inner"]
+    assert graph["meta"]["capture"] == "torch.fx"
     ops = {op["name"]: op for op in graph["ops"]}
     assert ops["inner"]["type"] == "Gate" and ops["inner"]["persistent_bytes"] > 0
     assert ops["inner/backward"]["compute_us"] > 0

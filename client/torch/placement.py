@@ -104,6 +104,7 @@ def apply_plan(
     *,
     optimizer: Any = None,
     leaf_modules: Iterable[type | str] = (),
+    example_inputs: Any = None,
 ) -> Any:
     """A module that runs ``module``'s ops on their planned devices.
 
@@ -121,6 +122,9 @@ def apply_plan(
         Its state (momentum, Adam moments) is moved along with the parameters.
     leaf_modules : iterable
         As given to ``profile``.
+    example_inputs : tensor or tuple, optional
+        The inputs given to ``profile``: needed to capture the module the same way when
+        ``profile`` used ``torch.export`` (its graph's ``meta.capture``).
 
     Returns
     -------
@@ -140,15 +144,20 @@ def apply_plan(
     from baechi.client.tf.pinning import read_plan
 
     placement_by_plan = read_plan(plan).placement
-    placed = trace(module, leaf_modules)
+    if example_inputs is not None and not isinstance(example_inputs, tuple):
+        example_inputs = (example_inputs,)
+    placed = trace(module, leaf_modules, example_inputs=example_inputs)
     graph = placed.graph
     nodes = [n for n in graph.nodes if n.op != "output"]
     missing = [n.name for n in nodes if n.name not in placement_by_plan]
     if missing:
+        hint = ("; a plan made from a torch.export capture needs example_inputs= (the "
+                "inputs given to profile)" if example_inputs is None
+                and placed.meta["baechi_leaf_modules"] else "")
         raise PlanMismatch(
             f"the plan does not name {len(missing)} of the {len(nodes)} ops of "
             f"{type(module).__name__} (e.g. {', '.join(missing[:5])}): was it made for this "
-            "module's profile?", details={"missing": missing[:20]})
+            f"module's profile?{hint}", details={"missing": missing[:20]})
     placement = {n.name: placement_by_plan[n.name] for n in nodes}
     used = sorted(set(placement.values()))
     if device_map is None:
@@ -240,6 +249,8 @@ def _move_optimizer_state(optimizer: Any, renamed: dict[int, Any]) -> None:
 
 
 def _insert_transfers(graph: Any, nodes: list[Any], info: PlacedInfo) -> None:
+    import torch
+
     device_of = {n: info.placement[n.name] for n in nodes}
     for node in nodes:
         node.meta["baechi_device"] = device_of[node]
@@ -274,9 +285,24 @@ def _insert_transfers(graph: Any, nodes: list[Any], info: PlacedInfo) -> None:
                 and getattr(node.target, "__name__", "") in FACTORY_NAMES
                 and "device" not in node.kwargs):
             node.kwargs = {**node.kwargs, "device": str(info.devices[device])}
+        elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            _retarget_device(node, info.devices[device])
     output = next(n for n in graph.nodes if n.op == "output")
     first = next((a for a in output.all_input_nodes if a in device_of), None)
     info.output_device = info.devices[device_of[first]] if first is not None else None
+
+
+def _retarget_device(node: Any, device: Any) -> None:
+    """torch.export records the device an ATen call (``arange``, ``full``, ``to``, ...) named
+    at capture, as a keyword or a positional argument: the planned device replaces it."""
+    names = [argument.name for argument in node.target._schema.arguments]
+    if "device" not in names:
+        return
+    index = names.index("device")
+    if index < len(node.args) and node.args[index] is not None:
+        node.args = (*node.args[:index], device, *node.args[index + 1:])
+    elif node.kwargs.get("device") is not None:
+        node.kwargs = {**node.kwargs, "device": device}
 
 
 def _origin(node: Any) -> str:
@@ -386,7 +412,12 @@ def check_devices(placed: Any, inputs: Any, targets: Any = None,
 
     class Recorder(torch.fx.Interpreter):
         def run_node(self, n: Any) -> Any:
-            out = super().run_node(n)
+            try:
+                out = super().run_node(n)
+            except PlanMismatch as exc:  # name the node, not only the kernel
+                raise PlanMismatch(f"{exc.message} (node {n.name!r}, planned on "
+                                   f"{n.meta.get('baechi_device')})",
+                                   details={**exc.details, "node": n.name}) from None
             if "baechi_transfer" in n.meta:
                 report.transfers += 1
             elif "baechi_device" in n.meta and n.op != "placeholder":
@@ -431,7 +462,8 @@ def verify_transfers(module: Any, plan: Any, inputs: Any, targets: Any = None,
     checks = {}
     for meta in used:
         mapping = {d: ("meta" if d == meta else "cpu") for d in used}
-        placed = apply_plan(copy.deepcopy(module), plan, mapping, leaf_modules=leaf_modules)
+        placed = apply_plan(copy.deepcopy(module), plan, mapping, leaf_modules=leaf_modules,
+                            example_inputs=inputs)
         checks[meta] = check_devices(placed, inputs, targets, loss_fn)
     return checks
 

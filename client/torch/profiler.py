@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import statistics
 import time
+import warnings
 from collections import defaultdict
 from typing import Any
 
@@ -109,7 +110,7 @@ def profile(
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
     started = time.perf_counter()
     module_copy, optimizer_copy = copy.deepcopy((module, optimizer))
-    graph_module = trace(module_copy, leaf_modules)
+    graph_module = trace(module_copy, leaf_modules, example_inputs=inputs)
     traced = time.perf_counter()
 
     device = _device_of(module_copy, inputs)
@@ -121,6 +122,16 @@ def profile(
 
     document = _document(graph_module, run, optimizer_copy)
     compute = [op for op in document["ops"] if op["compute_us"] > 0]
+    profiled_us = sum(op["compute_us"] for op in document["ops"])
+    step_us = _step_us(module_copy, inputs, targets, loss_fn, optimizer_copy, steps, run.clock)
+    largest = max(document["ops"], key=lambda op: op["compute_us"])
+    share = largest["compute_us"] / profiled_us if profiled_us > 0 else 0.0
+    if share > LARGEST_OP_SHARE:
+        warnings.warn(
+            f"op {largest['name']!r} ({largest.get('type', '')}) holds {share:.0%} of the "
+            f"step's compute: no placement can run the step in less than that op's time. "
+            "Capture it finer (without leaf_modules; pass inputs torch.export can trace) or "
+            "split the module", RuntimeWarning, stacklevel=2)
     document["name"] = name or f"{type(module).__name__}_train_step"
     document["meta"] = {
         "source": "baechi.client.torch.profile: torch.fx nodes timed by an fx.Interpreter, "
@@ -138,6 +149,10 @@ def profile(
         "device": str(device),
         "threads": torch.get_num_threads(),
         "fx_nodes": sum(1 for n in graph_module.graph.nodes if n.op != "output"),
+        "capture": graph_module.meta["baechi_capture"],
+        "largest_op": {"name": largest["name"], "share": round(share, 4)},
+        "profiled_sum_us": round(profiled_us, 3),
+        "measured_step_us": round(step_us, 3),
         "automatic_leaf_modules": graph_module.meta["baechi_leaf_modules"],
         "compute_ops": len(compute),
         "profile_seconds": round(time.perf_counter() - started, 3),
@@ -147,6 +162,24 @@ def profile(
     }
     validate_profile(document)
     return document
+
+
+#: ``profile`` warns when one op holds more than this share of the step's compute.
+LARGEST_OP_SHARE = 0.3
+
+
+def _step_us(module: Any, inputs: tuple[Any, ...], targets: Any, loss_fn: Any,
+             optimizer: Any, steps: int, clock: Any) -> float:
+    """Median µs of plain training steps (forward, loss, backward, update) of ``module``, as
+    the user's loop runs them: what the profiled op times should add up to."""
+    times = []
+    for _ in range(steps + 1):  # the first one warms up
+        tick = clock()
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(module(*inputs), targets).backward()
+        optimizer.step()
+        times.append((clock() - tick) * 1e6)
+    return statistics.median(times[1:])
 
 
 class _Run:

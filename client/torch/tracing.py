@@ -1,4 +1,5 @@
-"""Tracing an ``nn.Module`` with ``torch.fx``: the one place that decides the op names.
+"""Capturing an ``nn.Module`` (``torch.fx``, or ``torch.export`` where fx cannot keep its ops
+apart): the one place that decides the op names.
 
 :func:`baechi.client.torch.profile` and :func:`baechi.client.torch.apply_plan` both trace the
 module here, so a plan made from a profile names exactly the nodes ``apply_plan`` finds.
@@ -15,26 +16,70 @@ from baechi.client.errors import ProfileError
 MAX_AUTOMATIC_LEAVES = 64
 
 
-def trace(module: Any, leaf_modules: Iterable[type | str] = ()) -> Any:
-    """``torch.fx`` trace of ``module``; submodules FX cannot trace become leaf modules.
+def trace(module: Any, leaf_modules: Iterable[type | str] = (),
+          example_inputs: tuple[Any, ...] | None = None) -> Any:
+    """The graph of ``module``'s forward whose nodes are the ops: ``torch.fx``, or
+    ``torch.export`` where fx would make whole submodules one op.
 
-    Where tracing fails inside a submodule (data-dependent control flow, say), that submodule
-    is kept as one ``call_module`` node — BaechiPyTorch's granularity, for it alone — and the
-    trace is tried again. Tracing is deterministic, so :func:`baechi.client.torch.profile` and
-    :func:`baechi.client.torch.apply_plan` find the same leaves. The leaves it chose are in
-    ``graph_module.meta["baechi_leaf_modules"]``.
+    ``torch.fx`` first: its ops are the leaf modules (a ``Linear``, a ``LayerNorm``) and the
+    calls between them, a granularity placement can use. Where tracing fails inside a
+    submodule (data-dependent control flow, as in the attention masks of Hugging Face's GPT-2
+    and Llama), fx can only keep that submodule as one ``call_module`` node (BaechiPyTorch's
+    granularity) — often the whole model body. Then, given ``example_inputs`` (and no
+    ``leaf_modules`` of the caller's), the module is captured with ``torch.export``
+    (non-strict, the training IR): its ops are the ATen calls, parameters stay the module's
+    own objects, and the captured module trains with eager autograd and the caller's
+    optimizer. Only where export fails too do the fx leaves stay.
+
+    Capture is deterministic, so :func:`baechi.client.torch.profile` and
+    :func:`baechi.client.torch.apply_plan` find the same ops. ``graph_module.meta`` says
+    which capture was used (``"baechi_capture"``: ``"torch.fx"`` or ``"torch.export"``) and
+    which submodules fx made one op (``"baechi_leaf_modules"``).
 
     Parameters
     ----------
     module : torch.nn.Module
     leaf_modules : iterable of module classes or qualified submodule names
-        Submodules kept as one op from the start (a coarser granularity).
+        Submodules kept as one op from the start (a coarser granularity; fx only).
+    example_inputs : tuple, optional
+        The forward's positional inputs, for ``torch.export`` (shapes are specialised to
+        them: train with batches of the same shapes).
 
     Raises
     ------
     ProfileError
-        FX cannot trace the module's own ``forward``; the message names the failure.
+        Neither capture works; the message names fx's failure.
     """
+    try:
+        traced = _fx_trace(module, leaf_modules)
+    except ProfileError as exc:
+        traced, failure = None, exc
+    if example_inputs is not None and not tuple(leaf_modules) and (
+            traced is None or traced.meta["baechi_leaf_modules"]):
+        exported = _export(module, example_inputs)
+        if exported is not None:
+            return exported
+    if traced is None:
+        raise failure
+    return traced
+
+
+def _export(module: Any, example_inputs: tuple[Any, ...]) -> Any | None:
+    """``torch.export`` (non-strict) of ``module`` as a runnable ``GraphModule``, or ``None``
+    where export fails."""
+    import torch
+
+    try:
+        exported = torch.export.export(module, tuple(example_inputs), strict=False).module()
+    except Exception:
+        return None
+    exported.meta["baechi_capture"] = "torch.export"
+    exported.meta["baechi_leaf_modules"] = []
+    return exported
+
+
+def _fx_trace(module: Any, leaf_modules: Iterable[type | str]) -> Any:
+    """``torch.fx`` trace of ``module``; submodules fx cannot trace become leaf modules."""
     import torch.fx
 
     classes = tuple(x for x in leaf_modules if isinstance(x, type))
@@ -62,6 +107,7 @@ def trace(module: Any, leaf_modules: Iterable[type | str] = ()) -> Any:
             names.add(failing)
             automatic.append(failing)
     traced = torch.fx.GraphModule(module, graph, class_name=type(module).__name__)
+    traced.meta["baechi_capture"] = "torch.fx"
     traced.meta["baechi_leaf_modules"] = automatic
     return traced
 
