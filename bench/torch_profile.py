@@ -4,8 +4,10 @@ Usage: ``python bench/torch_profile.py [--out bench/fragments/torch.md] [--time-
 prints a Markdown section and writes it to ``--out`` (first line: the command). Measured on the
 CPU, one intra-op thread (on this shared 2-core machine two threads made the op times 5-10×
 noisier: OpenMP workers spin while other jobs hold the cores): profiling seconds and op counts
-of a CIFAR-size ResNet-18 (batch 16, SGD with momentum) and a 2-layer transformer (batch 8,
-64 tokens, width 128, Adam); then ``baechi.place`` (``auto``) of each graph on 4 devices, with
+of a CIFAR-size ResNet-18 (batch 16, SGD with momentum), a 2-layer transformer (batch 8,
+64 tokens, width 128, Adam) and Hugging Face GPT-2, Llama and BERT (2 layers, batch 4, 64 tokens,
+width 128; random weights), with the capture used, the largest op's share and the profiled
+op times' sum against a measured step; then ``baechi.place`` (``auto``) of each graph on 4 devices, with
 no memory limit and at 50% of the single-device peak, on PCIe-class and NVLink-class links,
 against one device; and ``apply_plan`` + ``verify_transfers`` seconds for each plan.
 """
@@ -24,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 from baechi.client.torch import apply_plan, profile, verify_transfers  # noqa: E402
+from baechi.examples.hf_models import make_language_model  # noqa: E402
 from baechi.examples.torch_models import make_resnet18, make_transformer  # noqa: E402
 
 import baechi  # noqa: E402
@@ -34,6 +37,9 @@ NETWORKS = {"PCIe 134 µs + 5.7 GB/s": {"latency_us": 134, "bandwidth_gbps": 5.7
 MODELS = {
     "ResNet-18 (CIFAR, batch 16)": lambda: make_resnet18(batch=16),
     "transformer (2 layers, batch 8×64 tokens, width 128)": lambda: make_transformer(batch=8),
+    **{f"HF {kind} (2 layers, batch 4×64 tokens, width 128)":
+       (lambda kind=kind: make_language_model(kind, width=128, batch=4, length=64))
+       for kind in ("gpt2", "llama", "bert")},
 }
 
 
@@ -75,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
                 plan = baechi.place(graph, cluster, "auto", {"time_limit_s": args.time_limit})
                 seconds = time.perf_counter() - tick
                 tick = time.perf_counter()
-                apply_plan(make()[0], plan, dict.fromkeys(plan.placement.values(), "cpu"))
+                apply_plan(make()[0], plan, dict.fromkeys(plan.placement.values(), "cpu"),
+                           example_inputs=x)
                 applied = time.perf_counter() - tick
                 tick = time.perf_counter()
                 module2, x2, y2, loss2, _ = make()
@@ -91,19 +98,26 @@ def main(argv: list[str] | None = None) -> int:
              "",
              f"`baechi.client.torch.profile` on the CPU (torch {torch.__version__}, 1 intra-op "
              f"thread, {args.steps} profiled steps after 1 warm-up; op time = median over the "
-             "steps), models written in plain `torch.nn` (`baechi.examples.torch_models`). "
+             "steps), models written in plain `torch.nn` (`baechi.examples.torch_models`) and "
+             "Hugging Face models from small random configs (`baechi.examples.hf_models`; "
+             "`capture`: fx, or torch.export where fx would merge modules). `Σ op times / "
+             "measured step`: the profiled ops' sum against plain training steps timed alone. "
              f"The machine's 1-minute load average was {load_before:.1f} at the start and "
              f"{os.getloadavg()[0]:.1f} at the end (2 cores, shared with other jobs: the "
              "absolute times vary by up to 2× between runs; the ratios far less).",
              "",
-             "| model | profile s (trace + run) | fx nodes | ops (backward, update) | edges "
-             "| Σ compute = 1 device (ms) | single-device peak (MiB) | persistent (MiB) |",
-             "|---|---|---|---|---|---|---|---|"]
-    for label, meta, ops, edges, kinds, single_us, peak in profiles:
+             "| model | capture | profile s (trace + run) | nodes | ops (backward, update) "
+             "| edges | largest op | Σ op times / measured step (ms) "
+             "| single-device peak (MiB) | persistent (MiB) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for label, meta, ops, edges, kinds, _single_us, peak in profiles:
+        largest = meta["largest_op"]
         lines.append(
-            f"| {label} | {meta['profile_seconds']:.2f} ({meta['trace_seconds']:.2f} + "
-            f"{meta['run_seconds']:.2f}) | {meta['fx_nodes']} | {ops} ({kinds['backward']}, "
-            f"{kinds['update']}) | {edges} | {single_us / 1000:.1f} | {mib(peak)} | "
+            f"| {label} | {meta['capture']} | {meta['profile_seconds']:.2f} "
+            f"({meta['trace_seconds']:.2f} + {meta['run_seconds']:.2f}) | {meta['fx_nodes']} "
+            f"| {ops} ({kinds['backward']}, {kinds['update']}) | {edges} | "
+            f"{largest['share']:.1%} | {meta['profiled_sum_us'] / 1000:.1f} / "
+            f"{meta['measured_step_us'] / 1000:.1f} | {mib(peak)} | "
             f"{mib(meta['persistent_bytes'])} |")
     lines += ["",
               f"Plans: `baechi.place(graph, 4 devices, 'auto', time_limit_s={args.time_limit:g})`;"

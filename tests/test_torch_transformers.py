@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 from baechi.client import PlanMismatch  # noqa: E402
 from baechi.client.torch import apply_plan, profile, verify_transfers  # noqa: E402
+from baechi.examples.hf_models import make_language_model  # noqa: E402
 from torch import nn  # noqa: E402
 
 import baechi  # noqa: E402
@@ -23,45 +24,12 @@ pytestmark = pytest.mark.torch
 
 DEVICES = [f"/GPU:{i}" for i in range(4)]
 ALL_CPU = dict.fromkeys(DEVICES, "cpu")
-VOCAB, BATCH, LENGTH = 128, 2, 16
-
-
-class LanguageModel(nn.Module):
-    """A causal or masked LM returning its logits as one (tokens, vocabulary) tensor."""
-
-    def __init__(self, model: Any) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids: Any) -> Any:
-        return self.model(input_ids=ids).logits.flatten(0, 1)
 
 
 def make(kind: str) -> tuple[nn.Module, Any, Any]:
     """The model (train mode, dropout off), a batch of token ids and its targets."""
-    torch.manual_seed(0)
-    small = {"vocab_size": VOCAB, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
-    if kind == "gpt2":
-        config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=32,
-                                         resid_pdrop=0, embd_pdrop=0, attn_pdrop=0, **small)
-        model = transformers.GPT2LMHeadModel(config)
-    elif kind == "llama":
-        config = transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=2,
-                                          num_key_value_heads=2, hidden_size=64,
-                                          intermediate_size=128, max_position_embeddings=32,
-                                          **small)
-        model = transformers.LlamaForCausalLM(config)
-    else:
-        config = transformers.BertConfig(num_hidden_layers=2, num_attention_heads=2,
-                                         hidden_size=64, intermediate_size=128,
-                                         max_position_embeddings=32, hidden_dropout_prob=0,
-                                         attention_probs_dropout_prob=0, **small)
-        model = transformers.BertForMaskedLM(config)
-    if hasattr(model.config, "use_cache"):
-        model.config.use_cache = False
-    module = LanguageModel(model).train()
-    ids = torch.randint(0, VOCAB, (BATCH, LENGTH))
-    return module, ids, torch.randint(0, VOCAB, (BATCH * LENGTH,))
+    module, ids, targets, _, _ = make_language_model(kind)
+    return module, ids, targets
 
 
 def losses(module: nn.Module, ids: Any, targets: Any, steps: int = 3) -> list[float]:
