@@ -59,7 +59,9 @@ def plan_key(placement_id: str) -> str:
     return f"{PREFIX}:plan:{placement_id}"
 
 
-def idempotency_key(tenant: str, digest: str) -> str:
+def same_request_key(tenant: str, digest: str) -> str:
+    """Key of a request's content digest: the same graph and request from the same tenant
+    return the placement already made."""
     return f"{PREFIX}:idem:{tenant}:{digest}"
 
 
@@ -71,7 +73,7 @@ def active_key(tenant: str) -> str:
     return f"{PREFIX}:tenant:{tenant}:active"
 
 
-def request_key(tenant: str, key: str) -> str:
+def idempotency_key(tenant: str, key: str) -> str:
     """Key of an ``Idempotency-Key`` header (hashed: a header can be any 255 characters)."""
     return f"{PREFIX}:key:{tenant}:{hashlib.sha256(key.encode()).hexdigest()}"
 
@@ -268,8 +270,8 @@ class Store:
         """
         record.seq = int(self.redis.incr(SEQ_KEY))
         tenant = record.tenant
-        equal, active = idempotency_key(tenant, digest), active_key(tenant)
-        keyed = request_key(tenant, key) if key is not None else None
+        equal, active = same_request_key(tenant, digest), active_key(tenant)
+        keyed = idempotency_key(tenant, key) if key is not None else None
         while True:
             with self.redis.pipeline() as pipe:
                 try:
