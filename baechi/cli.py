@@ -12,6 +12,7 @@ import importlib.util
 import json
 import math
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from baechi.defaults import DEFAULT_TIME_LIMIT_S, DEFAULT_TRANSFER_ORDER
 from baechi.errors import InvalidCluster, MissingExtra, PlacementError
 from baechi.graph import load_graph
 from baechi.plan import Candidate, Estimate, Plan
+from baechi.progress import ProgressBar
 from baechi.simulate import simulate_plan
 from baechi.throughput import OBJECTIVES
 
@@ -248,7 +250,21 @@ def _write_plan(plan: Plan, path: str) -> None:
 def cmd_place(args: argparse.Namespace) -> int:
     cluster_json = cluster_from_args(args)
     graph = load_graph(args.graph)
-    plan = place(graph, cluster_json, args.algorithm, _options(args), objective=args.objective)
+    options = _options(args)
+    bar = ProgressBar(enabled=not args.quiet)
+    limit_s = options.get("time_limit_s", DEFAULT_TIME_LIMIT_S)
+    started = time.monotonic()
+
+    def progress(phase: str, _fraction: float) -> None:
+        # anytime algorithms run until their deadline: the bar is the time spent of it
+        spent = time.monotonic() - started
+        bar.update("placing", phase, spent / limit_s, left_s=limit_s - spent)
+
+    try:
+        plan = place(graph, cluster_json, args.algorithm, options, progress=progress,
+                     objective=args.objective)
+    finally:
+        bar.close()
     assert plan.estimate is not None
     print(summary(plan, plan.estimate, Cluster.parse(cluster_json)))
     if args.output:
@@ -323,6 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=float, default=None, metavar="S",
                    help="deadline of the whole request in seconds (default "
                         f"{DEFAULT_TIME_LIMIT_S:g}); auto returns its best plan by then")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress bar (it shows only on a terminal anyway)")
     p.add_argument("--transfer-order", choices=("fifo", "model-aware"), default=None,
                    help="order of each channel's transfers (sequential mode): model-aware "
                         "keeps the order by the consumers' urgency when it is faster (default "

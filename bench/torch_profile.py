@@ -5,10 +5,10 @@ prints a Markdown section and writes it to ``--out`` (first line: the command). 
 CPU, one intra-op thread (on this shared 2-core machine two threads made the op times 5-10×
 noisier: OpenMP workers spin while other jobs hold the cores): profiling seconds and op counts
 of a CIFAR-size ResNet-18 (batch 16, SGD with momentum), a 2-layer transformer (batch 8,
-64 tokens, width 128, Adam) and Hugging Face GPT-2, Llama and BERT (2 layers, batch 4, 64 tokens,
-width 128; random weights), with the capture used, the largest op's share and the profiled
-op times' sum against a measured step; then ``baechi.place`` (``auto``) of each graph on 4 devices, with
-no memory limit and at 50% of the single-device peak, on PCIe-class and NVLink-class links,
+64 tokens, width 128, Adam) and Hugging Face GPT-2, Llama and BERT (2 layers, batch 4,
+64 tokens, width 128; random weights), with the capture used, the largest op's share and
+the profiled op times' sum against a measured step; then ``baechi.place`` (``auto``) of each
+graph on 4 devices, with no memory limit and at 50% of the single-device peak, on PCIe-class and NVLink-class links,
 against one device; and ``apply_plan`` + ``verify_transfers`` seconds for each plan.
 """
 

@@ -27,11 +27,11 @@ from baechi.client.errors import (
     ServerError,
     WaitTimeout,
 )
-from baechi.client.progress import ProgressBar
 from baechi.client.transport import Transport
 
 from baechi.defaults import DEFAULT_ALGORITHM
 from baechi.plan import Plan
+from baechi.progress import ProgressBar
 
 #: Statuses after which a placement never changes again.
 TERMINAL = frozenset({"finished", "failed", "canceled"})

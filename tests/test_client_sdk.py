@@ -15,10 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
-from baechi.client.progress import ProgressBar
 
 from baechi import client
 from baechi.cli import main
+from baechi.progress import ProgressBar
 
 URL = "http://baechi.test"
 GRAPH = {"format": "baechi.graph/v1", "name": "g",

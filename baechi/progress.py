@@ -1,4 +1,5 @@
-"""A one-line progress bar for :meth:`Placement.wait <client.Placement.wait>`.
+"""A one-line progress bar for long work: ``baechi place`` and :meth:`Placement.wait
+<baechi.client.Placement.wait>` (``baechi submit --wait``).
 
 It draws only on a terminal: when the stream is not a TTY (CI logs, pipes) it writes nothing.
 """
@@ -30,15 +31,18 @@ class ProgressBar:
         self.started = time.monotonic()
         self._last = ""
 
-    def update(self, status: str, phase: str, fraction: float) -> None:
-        """Redraw with the job's status, phase and fraction done (0..1)."""
+    def update(self, status: str, phase: str, fraction: float,
+               left_s: float | None = None) -> None:
+        """Redraw with the job's status, phase, fraction done (0..1) and, when known, the
+        seconds left until its deadline."""
         if not self.active:
             return
         fraction = min(max(fraction, 0.0), 1.0)
         filled = round(fraction * WIDTH)
         label = f"{status}: {phase}" if phase and phase != status else status
+        left = "" if left_s is None else f"  {max(left_s, 0.0):5.1f}s left"
         line = (f"[{'#' * filled}{'.' * (WIDTH - filled)}] {fraction * 100:5.1f}%  "
-                f"{label:<24.24} {time.monotonic() - self.started:6.1f}s")
+                f"{label:<24.24} {time.monotonic() - self.started:6.1f}s{left}")
         if line != self._last:
             self.stream.write("\r" + line)
             self.stream.flush()
