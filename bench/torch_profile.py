@@ -9,7 +9,8 @@ of a CIFAR-size ResNet-18 (batch 16, SGD with momentum), a 2-layer transformer (
 64 tokens, width 128; random weights), with the capture used, the largest op's share and
 the profiled op times' sum against a measured step; then ``baechi.place`` (``auto``) of each
 graph on 4 devices, with no memory limit and at 50% of the single-device peak, on PCIe-class
-and NVLink-class links, against one device; and ``apply_plan`` + ``verify_transfers`` seconds for each plan.
+and NVLink-class links, against one device; and ``apply_plan`` + ``verify_transfers`` seconds
+for each plan.
 """
 
 from __future__ import annotations
