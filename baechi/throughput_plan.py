@@ -118,9 +118,13 @@ STEP_TIME_ONLY = {"co_placement": False, "fusion": False, "portfolio": False,
 
 
 def _refuse_step_time_options(options: Options) -> None:
-    """Refuse an option the request set that the throughput objective cannot honour."""
+    """Refuse an option set to what the throughput objective cannot do. Its defaults pass:
+    the service fills every option in (a request's digest must not depend on how it was
+    written), so a default cannot tell whether the user asked for it; they are documented as
+    not applying to this objective."""
     for option, honoured in STEP_TIME_ONLY.items():
-        if option in options.model_fields_set and getattr(options, option) != honoured:
+        value = getattr(options, option)
+        if value != honoured and value != Options.model_fields[option].default:
             raise InvalidRequest(
                 f"options.{option}: {getattr(options, option)!r} applies to objective "
                 f"'step_time' only; the throughput objective places the colocation units as "

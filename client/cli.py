@@ -45,6 +45,9 @@ def register(subparsers: Any) -> None:
                    help='pipeline options as a JSON object, e.g. \'{"fusion": false}\'')
     p.add_argument("--time-limit", type=float, default=None, metavar="S",
                    help="solver time limit in seconds")
+    p.add_argument("--objective", choices=("step_time", "throughput"), default=None,
+                   help="minimise one step's time (the service's default) or the time per "
+                        "sample of a pipeline (throughput)")
     p.add_argument("--wait", action="store_true", help="wait for the plan")
     p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="with --wait: give up waiting after S seconds")
@@ -152,7 +155,8 @@ def _submit(args: argparse.Namespace) -> int:
     if args.time_limit is not None:
         options["time_limit_s"] = args.time_limit
     with _client(args) as client:
-        placement = client.submit(args.graph, cluster, args.algorithm, options or None)
+        placement = client.submit(args.graph, cluster, args.algorithm, options or None,
+                                  objective=args.objective)
         state = placement.last_status.status if placement.last_status else "queued"
         print(placement.id)
         if not (args.wait or args.output):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from baechi.client import PlanMismatch
 from conftest import DATA
 from service_fixtures import chain_graph, cluster, needs_redis
 
@@ -213,3 +214,24 @@ def test_cli_errors_exit_codes(service: Any, tmp_path: Path,
     assert "not_found" in capsys.readouterr().err
     assert main(["status", "f" * 32, "--server", service.url, "--api-key", "nope"]) == 1
     assert "unauthorized" in capsys.readouterr().err
+
+
+def test_cli_submits_a_throughput_request_and_apply_plan_refuses_its_plan(
+        service: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``baechi submit --objective throughput`` reaches the service; its plan (pipeline
+    stages) is refused by ``apply_plan``, which runs single steps."""
+    from baechi.client.tf.pinning import read_plan
+
+    graph_path = tmp_path / "g.json"
+    graph_path.write_text(json.dumps(unique_graph("cli-throughput")))
+    plan_path = tmp_path / "plan.json"
+    server = ["--server", service.url, "--api-key", service.keys["key-a"]]
+    code = main(["submit", str(graph_path), *server, "--devices", "2", "--objective",
+                 "throughput", "--wait", "-o", str(plan_path)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    plan = json.loads(plan_path.read_text())
+    assert plan["request"]["objective"] == "throughput"
+    assert "time_per_sample_us" in plan["estimate"]
+    with pytest.raises(PlanMismatch, match="objective 'throughput'.*pipeline stages"):
+        read_plan(plan)  # what TensorFlow's and PyTorch's apply_plan read first

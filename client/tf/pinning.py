@@ -352,11 +352,13 @@ class ReadPlan:
 def read_plan(plan: Any) -> ReadPlan:
     """Placement, cluster device order, op order and transfer order of a plan.
 
-    From a Plan, a dict, JSON text or a path.
+    From a Plan, a dict, JSON text or a path. A plan made for the throughput objective is
+    refused (:class:`PlanMismatch`): ``apply_plan`` and ``measure`` run single steps.
     """
     if hasattr(plan, "placement") and hasattr(plan, "request"):
         placement = dict(plan.placement)
         cluster = plan.request.cluster
+        objective = plan.request.model_dump().get("objective")
         order = getattr(plan, "order", None)
         transfer_order = getattr(plan, "transfer_order", None)
         if transfer_order is not None:  # TransferEntry models: read them as the JSON reads
@@ -369,8 +371,16 @@ def read_plan(plan: Any) -> ReadPlan:
             raise InvalidInput("plan: expected a baechi.plan/v1 document with a 'placement'")
         placement = plan["placement"]
         cluster = (plan.get("request") or {}).get("cluster") or {}
+        objective = (plan.get("request") or {}).get("objective")
         order = plan.get("order")
         transfer_order = plan.get("transfer_order")
+    if objective == "throughput":
+        raise PlanMismatch(
+            "this plan was made for objective 'throughput': its devices are pipeline stages "
+            "that run micro-batches at once, and its time per sample holds only so. "
+            "apply_plan runs one step split over the devices, which would be slower than the "
+            "plan says; run it as pipeline stages (torch.distributed.pipelining), or place "
+            "again with objective 'step_time'", details={"objective": objective})
     bad = [op for op, device in placement.items() if not isinstance(device, str)]
     if bad:
         raise InvalidInput(f"plan: placement of {bad[0]!r} is not a device name")
