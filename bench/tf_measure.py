@@ -35,9 +35,9 @@ def same_losses(name: str, model: Any, x: Any, y: Any, loss: Any, optimizer: Any
                 plan: Any) -> bool:
     """3 enforced placed steps compute the losses 3 unplaced steps compute (bit for bit)."""
     import tensorflow as tf
-    from baechi.client.tf.train_step import make_train_step
 
     from baechi import client
+    from baechi.client.tf.train_step import make_train_step
 
     variables = [*model.variables, *optimizer.variables]
     initial = [v.numpy() for v in variables]
@@ -62,10 +62,9 @@ def same_losses(name: str, model: Any, x: Any, y: Any, loss: Any, optimizer: Any
 
 
 def run(name: str, steps: int) -> dict[str, Any]:
-    from baechi.examples.keras_models import EXAMPLES
-
     import baechi
     from baechi import client
+    from baechi.examples.keras_models import EXAMPLES
 
     model, x, y, loss, optimizer = EXAMPLES[name].make()
     graph = client.profile(model, x, y, loss, optimizer, steps=3 if name != "resnet50" else 2)

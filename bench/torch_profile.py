@@ -26,11 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+
+import baechi  # noqa: E402
 from baechi.client.torch import apply_plan, profile, verify_transfers  # noqa: E402
 from baechi.examples.hf_models import make_language_model  # noqa: E402
 from baechi.examples.torch_models import make_resnet18, make_transformer  # noqa: E402
-
-import baechi  # noqa: E402
 
 #: Baechi's own network (its GNMT profile, docs/format.md §9) and an NVLink-class link.
 NETWORKS = {"PCIe 134 µs + 5.7 GB/s": {"latency_us": 134, "bandwidth_gbps": 5.7},

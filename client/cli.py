@@ -240,13 +240,13 @@ def _measure(args: argparse.Namespace) -> int:
 
     require_extra("tf", "measure")
     import tensorflow as tf
+
+    import baechi
     from baechi.client.errors import InvalidInput
     from baechi.client.tf.devices import split_cpu
     from baechi.client.tf.measurement import measure
     from baechi.client.tf.profiler import profile
     from baechi.examples.keras_models import EXAMPLES
-
-    import baechi
 
     if args.devices < 1 or args.steps < 1:
         raise InvalidInput("--devices and --steps must be ≥ 1")
@@ -284,7 +284,6 @@ def _client(args: argparse.Namespace) -> Any:
 def _guard(verb: Any, args: argparse.Namespace) -> int:
     """Run a verb; turn the errors it may raise into one line and an exit status."""
     from baechi.client.errors import BaechiError, InvalidInput, PlanMismatch, ProfileError
-
     from baechi.errors import PlacementError
 
     try:

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import orjson
+
 from baechi.client.errors import (
     BaechiError,
     InvalidInput,
@@ -28,7 +29,6 @@ from baechi.client.errors import (
     WaitTimeout,
 )
 from baechi.client.transport import Transport
-
 from baechi.defaults import DEFAULT_ALGORITHM
 from baechi.plan import Plan
 from baechi.progress import ProgressBar

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import orjson
+
 from baechi.client.errors import BaechiError, ServerError, ServiceUnavailable, error_for_status
 
 #: Statuses that mean "try again later".

@@ -33,18 +33,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import tensorflow as tf
-    from baechi.client.tf.devices import local_devices, split_cpu
 
     from baechi import client
+    from baechi.client.tf.devices import local_devices, split_cpu
 
     if not tf.config.list_physical_devices("GPU"):
         split_cpu(args.devices)
     kind, local = local_devices()
     print(f"devices: {len(local)} local {kind} device(s) stand for /GPU:0..{len(local) - 1}")
 
-    from baechi.examples.keras_models import EXAMPLES
-
     from baechi.algorithms import ALGORITHMS
+    from baechi.examples.keras_models import EXAMPLES
 
     model, x, y, loss, optimizer = EXAMPLES["cnn"].make(args.batch)
     model.compile(optimizer=optimizer, loss=loss)

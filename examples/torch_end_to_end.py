@@ -33,10 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import torch
-    from baechi.client import torch as baechi_torch
-    from baechi.examples.torch_models import make_transformer
 
     from baechi import client
+    from baechi.client import torch as baechi_torch
+    from baechi.examples.torch_models import make_transformer
 
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)  # same kernels placed and unplaced

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from baechi.jobs.settings import redact_url
 from redis import Redis
 from redis.exceptions import RedisError
+
+from baechi.jobs.settings import redact_url
 
 
 class RedisUnavailable(Exception):

@@ -14,10 +14,11 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from rq.job import Job, JobStatus
+
 from baechi.jobs import queue as jobqueue
 from baechi.jobs.settings import Settings
 from baechi.jobs.store import PlacementRecord, Store
-from rq.job import Job, JobStatus
 
 WORKER_DIED = "worker_died"
 TIMEOUT = "timeout"

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import suppress
 
-from baechi.jobs.settings import Settings
 from redis import Redis
 from redis.client import Pipeline
 from rq import Callback, Queue, Retry
@@ -19,6 +18,8 @@ from rq.command import send_stop_job_command
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
+
+from baechi.jobs.settings import Settings
 
 #: The function a worker runs for a placement (imported by name in the worker).
 JOB_FUNCTION = "baechi.worker.tasks.run_placement"

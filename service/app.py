@@ -6,23 +6,23 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from baechi.jobs import queue as jobqueue
-from baechi.jobs.connection import connect
-from baechi.jobs.settings import Settings, get_settings
-from baechi.jobs.store import Store
-from baechi.service import errors
-from baechi.service.deps import Services, TenantRate
-from baechi.service.limits import BodySizeLimit
-from baechi.service.metrics import Metrics, RequestMetrics
-from baechi.service.routes import graphs, health, placements
-from baechi.service.schemas import PlacementRequest
 from fastapi import FastAPI
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
 from baechi._version import __version__
+from baechi.jobs import queue as jobqueue
+from baechi.jobs.connection import connect
+from baechi.jobs.settings import Settings, get_settings
+from baechi.jobs.store import Store
 from baechi.plan import Plan
+from baechi.service import errors
+from baechi.service.deps import Services, TenantRate
+from baechi.service.limits import BodySizeLimit
+from baechi.service.metrics import Metrics, RequestMetrics
+from baechi.service.routes import graphs, health, placements
+from baechi.service.schemas import PlacementRequest
 
 DESCRIPTION = """Placement as a service for ML training graphs (docs/format.md §7).
 

@@ -8,13 +8,14 @@ import time
 from dataclasses import dataclass
 from typing import Annotated
 
-from baechi.jobs.settings import ANONYMOUS_TENANT, Settings, key_digest
-from baechi.jobs.store import Store
-from baechi.service.errors import ApiError
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader
 from redis import Redis
 from rq import Queue
+
+from baechi.jobs.settings import ANONYMOUS_TENANT, Settings, key_digest
+from baechi.jobs.store import Store
+from baechi.service.errors import ApiError
 
 api_key_header = APIKeyHeader(
     name="X-API-Key", auto_error=False,

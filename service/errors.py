@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from baechi.service.schemas import ErrorResponse
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -18,6 +17,7 @@ from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from baechi.errors import PlacementError
+from baechi.service.schemas import ErrorResponse
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from baechi.service.errors import ApiError, error_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from baechi.service.errors import ApiError, error_response
 
 
 class BodyTooLarge(ApiError):

@@ -11,7 +11,6 @@ import logging
 import time
 from collections.abc import Iterator
 
-from baechi.jobs.store import Store
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -24,6 +23,8 @@ from redis.exceptions import RedisError
 from rq import Queue, Worker
 from rq.registry import StartedJobRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from baechi.jobs.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from baechi.jobs.store import Status
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from baechi.algorithms import ALGORITHM_NAMES
 from baechi.cluster import Cluster
 from baechi.defaults import DEFAULT_ALGORITHM
 from baechi.graph import GraphDoc
+from baechi.jobs.store import Status
 from baechi.options import Options
 
 GRAPH_ID_PATTERN = r"^[0-9a-f]{64}$"

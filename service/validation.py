@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from baechi.jobs.settings import Settings
-from baechi.service.errors import ApiError
-from baechi.service.schemas import PlacementRequest
 from pydantic import ValidationError
 
 from baechi.cluster import Cluster, describe_validation_error
 from baechi.errors import InvalidCluster, InvalidRequest, PlacementError
 from baechi.graph import Graph, load_graph
+from baechi.jobs.settings import Settings
+from baechi.service.errors import ApiError
+from baechi.service.schemas import PlacementRequest
 
 
 @dataclass

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import doctest
 
-from baechi.client.tf import control_edges
-from baechi.client.tf.control_edges import _Order
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from baechi.client.tf import control_edges
+from baechi.client.tf.control_edges import _Order
 
 
 def reaches(successors: dict[str, set[str]], start: str, goal: str) -> bool:

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from baechi.client import PlanMismatch
 from conftest import DATA
 from service_fixtures import chain_graph, cluster, needs_redis
 
 import baechi
 from baechi import client
 from baechi.cli import main
+from baechi.client import PlanMismatch
 from baechi.defaults import DEFAULT_ALGORITHM
 
 pytestmark = [pytest.mark.service, needs_redis]

@@ -148,9 +148,10 @@ def test_baechi_worker_burst_and_health(redis_server: RedisServer, tmp_path: Pat
 
 @needs_redis
 def test_anonymous_access_only_when_allowed(redis_server: RedisServer) -> None:
+    from fastapi.testclient import TestClient
+
     from baechi.jobs.settings import Settings
     from baechi.service.app import create_app
-    from fastapi.testclient import TestClient
 
     url = redis_server.url.rsplit("/", 1)[0] + "/6"
     assert Settings(redis_url=url).refusal() is not None

@@ -219,9 +219,10 @@ def _metric(http: Any, name: str) -> float:
 
 # ------------------------------------------------------------------------ progress
 def test_progress_is_throttled(redis_server: RedisServer) -> None:
-    from baechi.worker.progress import Canceled, ProgressReporter
     from rq import Queue
     from rq.serializers import JSONSerializer
+
+    from baechi.worker.progress import Canceled, ProgressReporter
 
     redis = redis_server.client(db=3)
     queue = Queue(f"progress-{uuid.uuid4().hex[:6]}", connection=redis,

@@ -9,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from service_fixtures import RedisServer, needs_redis
+
 from baechi.jobs.lifecycle import ENQUEUE_GRACE_S, describe_failure, resolve, settle
 from baechi.jobs.settings import Settings
 from baechi.jobs.store import (
@@ -21,7 +23,6 @@ from baechi.jobs.store import (
     placement_key,
     tenant_index_key,
 )
-from service_fixtures import RedisServer, needs_redis
 
 pytestmark = [needs_redis, pytest.mark.service]
 

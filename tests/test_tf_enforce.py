@@ -63,6 +63,7 @@ class Tiny:
 
     def unplaced_losses(self) -> list[float]:
         import tensorflow as tf
+
         from baechi.client.tf.train_step import make_train_step
 
         self.restore()
@@ -283,11 +284,10 @@ def test_measure_rejects_bad_input(tiny: Tiny) -> None:
 
 # ----------------------------------------------------------- an engine plan, and the CLI
 def test_engine_plan_enforced_same_losses(tf: Any) -> None:
-    from baechi.client.tf.train_step import make_train_step
-    from baechi.examples.keras_models import EXAMPLES
-
     import baechi
     from baechi import client
+    from baechi.client.tf.train_step import make_train_step
+    from baechi.examples.keras_models import EXAMPLES
 
     model, x, y, loss, optimizer = EXAMPLES["cnn"].make(4)
     graph = client.profile(model, x, y, loss, optimizer, steps=1, warmup=0)

@@ -162,9 +162,8 @@ def test_profile_bytes_come_from_shapes(profiled: dict[str, Profiled]) -> None:
 
 
 def test_profile_leaves_the_model_untouched(tf: Any) -> None:
-    from baechi.examples.keras_models import EXAMPLES
-
     from baechi import client
+    from baechi.examples.keras_models import EXAMPLES
 
     model, x, y, loss, optimizer = EXAMPLES["cnn"].make(4, seed=3)
     optimizer.build(model.trainable_variables)
@@ -179,9 +178,9 @@ def test_profile_leaves_the_model_untouched(tf: Any) -> None:
 def placed_against_unplaced(p: Profiled, plan: Any, steps: int = 3) -> tuple[list, list, Any]:
     """Losses of ``steps`` unplaced steps, then of the same steps placed by ``plan``."""
     import tensorflow as tf
-    from baechi.client.tf.train_step import make_train_step
 
     from baechi import client
+    from baechi.client.tf.train_step import make_train_step
 
     p.restore()
     unplaced = tf.function(make_train_step(p.model, p.loss, p.optimizer))
@@ -334,9 +333,8 @@ def test_ops_the_plan_does_not_name_stay_where_tf_puts_them(
 def test_profile_cli_verb(tf: Any, tmp_path: Any) -> None:
     import argparse
 
-    from baechi.client.cli import cmd_profile
-
     import baechi
+    from baechi.client.cli import cmd_profile
 
     out = tmp_path / "cnn.json"
     args = argparse.Namespace(model="cnn", batch=4, steps=1, output=str(out))

@@ -10,6 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch import nn  # noqa: E402
+
+import baechi  # noqa: E402
+from baechi.algorithms import ALGORITHMS  # noqa: E402
 from baechi.client.errors import InvalidInput, PlanMismatch, ProfileError  # noqa: E402
 from baechi.client.torch import (  # noqa: E402
     apply_plan,
@@ -20,10 +24,6 @@ from baechi.client.torch import (  # noqa: E402
 )
 from baechi.client.torch.tracing import reads_metadata_only  # noqa: E402
 from baechi.examples.torch_models import make_cnn, make_transformer  # noqa: E402
-from torch import nn  # noqa: E402
-
-import baechi  # noqa: E402
-from baechi.algorithms import ALGORITHMS  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -13,12 +13,12 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from baechi.client import PlanMismatch  # noqa: E402
-from baechi.client.torch import apply_plan, profile, verify_transfers  # noqa: E402
-from baechi.examples.hf_models import make_language_model  # noqa: E402
 from torch import nn  # noqa: E402
 
 import baechi  # noqa: E402
+from baechi.client import PlanMismatch  # noqa: E402
+from baechi.client.torch import apply_plan, profile, verify_transfers  # noqa: E402
+from baechi.examples.hf_models import make_language_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -13,11 +13,12 @@ import time
 
 
 def main() -> int:
+    from redis.exceptions import RedisError
+    from rq import Queue, Worker
+
     from baechi.jobs import queue as jobqueue
     from baechi.jobs.connection import RedisUnavailable, connect
     from baechi.jobs.settings import get_settings
-    from redis.exceptions import RedisError
-    from rq import Queue, Worker
 
     settings = get_settings()
     prefix = socket.gethostname() + "."

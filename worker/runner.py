@@ -16,14 +16,15 @@ import socket
 import sys
 
 import redis.exceptions
-from baechi.jobs import queue as jobqueue
-from baechi.jobs.lifecycle import describe_failure
-from baechi.jobs.settings import Settings
-from baechi.jobs.store import Store
 from redis import Redis
 from rq import Worker
 from rq.job import Job, JobStatus
 from rq.queue import Queue
+
+from baechi.jobs import queue as jobqueue
+from baechi.jobs.lifecycle import describe_failure
+from baechi.jobs.settings import Settings
+from baechi.jobs.store import Store
 
 #: Errors of a Redis that is briefly unreachable; a busy worker rides them out.
 REDIS_OUTAGE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
@@ -120,9 +121,6 @@ def preload() -> None:
     before forking): it lives as long as the worker, and a work horse's full collections no
     longer walk it, nor copy its pages on write. GNMT under 700 MiB, ``auto`` at 5 s in a
     forked child: 0.16-0.19 s of full collections instead of 0.02-0.03 s."""
-    import baechi.worker.tasks
-
-    import baechi.algorithms  # noqa: F401
 
     gc.freeze()
 

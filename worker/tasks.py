@@ -17,11 +17,6 @@ from types import TracebackType
 from typing import Any
 
 import orjson
-from baechi.jobs import queue as jobqueue
-from baechi.jobs.lifecycle import INTERNAL, TIMEOUT, describe_failure
-from baechi.jobs.settings import Settings, get_settings
-from baechi.jobs.store import PlacementRecord, Store, placement_key
-from baechi.worker.progress import Canceled, ProgressReporter
 from redis import Redis
 from rq import get_current_job
 from rq.job import Job
@@ -29,6 +24,11 @@ from rq.timeouts import JobTimeoutException
 
 import baechi
 from baechi.errors import PlacementError
+from baechi.jobs import queue as jobqueue
+from baechi.jobs.lifecycle import INTERNAL, TIMEOUT, describe_failure
+from baechi.jobs.settings import Settings, get_settings
+from baechi.jobs.store import PlacementRecord, Store, placement_key
+from baechi.worker.progress import Canceled, ProgressReporter
 
 log = logging.getLogger(__name__)
 

@@ -525,6 +525,7 @@ def _route_transfers(
     they are read (an ``Identity`` would be folded too, and the constant moved with it).
     """
     import tensorflow as tf
+
     from baechi.client.tf.pinning import same_device
 
     identities: dict[tuple[str, str, str], Any] = {}

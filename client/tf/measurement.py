@@ -29,9 +29,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from baechi.client.errors import InvalidInput
 from baechi.client.tf.pinning import CONTROL_FLOW
-from pydantic import BaseModel, Field
 
 #: The counters of :class:`~baechi.client.tf.control_edges.Enforcement` a measurement reports (the
 #: fields of the same names below; 0 for a run without enforcement).
@@ -213,6 +214,7 @@ def _run(
 ) -> RunMeasurement:
     """Trace the placed step with or without enforcement, run it, and judge the step stats."""
     import tensorflow as tf
+
     from baechi.client.errors import ProfileError
     from baechi.client.tf.pinning import prepare_plan
     from baechi.client.tf.profiler import _captured_variables, run_traced

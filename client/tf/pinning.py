@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
 from baechi.client.errors import InvalidInput, PlanMismatch
 from baechi.client.tf.control_edges import Enforcement, enforce
 from baechi.client.tf.devices import cluster_device_names, local_devices, map_devices

@@ -141,6 +141,7 @@ def apply_plan(
         ``plan`` is not a plan.
     """
     import torch
+
     from baechi.client.tf.pinning import read_plan
 
     placement_by_plan = read_plan(plan).placement

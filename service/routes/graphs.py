@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from fastapi import APIRouter, Response
+
 from baechi.jobs.store import GraphInfo
 from baechi.service.deps import RawBody, ServicesDep, Tenant
 from baechi.service.errors import ApiError, responses
 from baechi.service.schemas import GraphUploaded
 from baechi.service.validation import parse_graph, parse_json
-from fastapi import APIRouter, Response
 
 router = APIRouter(tags=["graphs"])
 

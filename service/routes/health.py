@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
 from baechi.service.deps import ServicesDep
 from baechi.service.errors import ApiError, responses
 from baechi.service.metrics import live_workers
 from baechi.service.schemas import Health, Ready
-from fastapi import APIRouter, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 router = APIRouter(tags=["health"])
 

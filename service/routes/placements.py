@@ -13,6 +13,9 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated
 
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.responses import HTMLResponse
+
 from baechi.jobs import queue as jobqueue
 from baechi.jobs.lifecycle import View, resolve
 from baechi.jobs.store import KeyReused, PlacementRecord, TooManyActive
@@ -28,8 +31,6 @@ from baechi.service.schemas import (
     Progress,
 )
 from baechi.service.validation import parse_json, parse_placement
-from fastapi import APIRouter, Header, Query, Request, Response
-from fastapi.responses import HTMLResponse
 
 router = APIRouter(tags=["placements"])
 
