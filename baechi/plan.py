@@ -174,7 +174,7 @@ class PlanStats(BaseModel):
 
 
 class TransferEntry(BaseModel):
-    """One message in a channel's transfer order (ARCHITECTURE.md, "Transfer order"): the
+    """One message in a channel's transfer order (docs/format.md §10): the
     message the cost model keys as (``src``, ``tensor``, ``bytes``) to device ``dst``, or
     the control message from ``src`` to ``dst`` when ``control`` is true. It is sent from the
     device the plan places ``src`` on.
@@ -218,7 +218,7 @@ class Plan(BaseModel):
     """Device per op, order per device, and the simulator's estimate for that order.
 
     ``transfer_order`` (optional): per device, its channel's messages in booking order
-    (ARCHITECTURE.md, "Transfer order"); absent, channels are booked first come, first served
+    (docs/format.md §10); absent, channels are booked first come, first served
     (docs/format.md §4). It is left out of the JSON when absent.
     """
 

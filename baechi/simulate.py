@@ -9,14 +9,14 @@ orders consistent with the graph, colocation groups, forward pairs and pins resp
 :meth:`~baechi.costmodel.CostModel.lower_bound_us`. Those are the entry points; the rest is
 private.
 
-Decisions where docs/format.md §4 leaves room (also in ARCHITECTURE.md):
+Decisions where docs/format.md §4 leaves room (also in docs/decisions.md):
 
 - Completion events are processed in the order (end, start, device index, position in the
   device's order); a transfer is booked on the channels when its producer's completion is
   processed, edges in file order. An op starts as soon as its inputs' arrival times are known.
 - Forward pairing (a backward op on its ``forward_op``'s device) is required only when the
   plan's ``options.forward_only`` is true (the default); colocation groups and pins always.
-- A plan's transfer order (docs/format.md §10, ARCHITECTURE.md "Transfer order"): each channel is
+- A plan's transfer order (docs/format.md §10, docs/format.md §10): each channel is
   booked in its list's order instead of first come, first served; a message starts at
   max(issue, end of its predecessor in the sender's list, end of its predecessor in the
   receiver's list). In parallel mode there are no channels and the order is ignored.

@@ -1,7 +1,7 @@
 """Time the favourite-child LP of m-SCT with GLOP settings and PDLP on gnmt_baechi.
 
 Usage: ``python bench/lp_solvers.py [--shared ../shared]``. Why GLOP's dual simplex is the
-default (ARCHITECTURE.md): it was 5x faster than the primal and 100x faster than PDLP here.
+default (docs/decisions.md): it was 5x faster than the primal and 100x faster than PDLP here.
 """
 
 from __future__ import annotations

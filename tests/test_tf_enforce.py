@@ -2,7 +2,7 @@
 
 TensorFlow runs on the CPU split into 4 logical devices (docs/format.md §8), oneDNN off so placed and
 unplaced steps compute the same numbers. Plans are hand-written in the plan format (with a
-hand-written ``transfer_order`` in the format of ARCHITECTURE.md, "Transfer order") for a tiny
+hand-written ``transfer_order`` in the format of docs/format.md §10) for a tiny
 two-branch model, plus one engine plan for the bundled CNN. Few steps each: these tests
 check what was run, not how fast.
 """
@@ -122,7 +122,7 @@ def hand_plan(graph: dict[str, Any], pick_last: bool = False,
 def transfer_order(graph: dict[str, Any], placement: dict[str, str],
                    position: dict[str, int]) -> dict[str, list[dict[str, Any]]]:
     """Every cross-device data tensor once per receiving device, in its producer's order,
-    listed on the sender's and on the receiver's channel (ARCHITECTURE.md, "Transfer order")."""
+    listed on the sender's and on the receiver's channel (docs/format.md §10)."""
     kinds = {op["name"]: op["type"] for op in graph["ops"]}
     messages = {}
     for edge in graph["edges"]:

@@ -9,7 +9,7 @@ step keep that order by adding control dependencies to the graph being traced (a
   get a control edge ``previous → next``. Planned ops the graph lacks (variables, which a
   step captures instead of creating, or inputs) are skipped over; ops the plan does not know
   are left free.
-* **Transfers.** When the plan carries a ``transfer_order`` (format: ARCHITECTURE.md,
+* **Transfers.** When the plan carries a ``transfer_order`` (format: docs/format.md §10,
   "Transfer order"), each listed data transfer ``src tensor → dst device`` is routed
   through an ``Identity`` created on the receiving device, which its consumers there read
   instead of the tensor; the identities are chained in each channel's order. TensorFlow inserts
@@ -432,7 +432,7 @@ def enforce(
     order : dict
         Local device → the plan's op names on it, in the plan's order.
     transfer_order : dict, optional
-        Plan device → channel order (ARCHITECTURE.md, "Transfer order"), with ``dst`` already mapped
+        Plan device → channel order (docs/format.md §10), with ``dst`` already mapped
         to local devices; None when the plan carries none.
     device_of : dict
         Op name → local device, for every op of the plan.
