@@ -514,6 +514,35 @@ def fragments(directory: Path) -> str:
     return "\n".join(parts)
 
 
+def with_front_page(text: str) -> str:
+    """``text`` with one screen at its top, after the first paragraph: ``auto``'s rows of the
+    summary table and a linked list of every section, each with its first sentence."""
+    lines = text.split("\n")
+    start = next((i for i, line in enumerate(lines)
+                  if line.startswith("| network | memory | algorithm")), None)
+    glance = ["## At a glance", ""]
+    if start is not None:
+        glance += ["`auto`, the default, per network and memory level (from the summary below; "
+                   "step / lower bound and speedup over one device are geometric means):", "",
+                   lines[start], lines[start + 1]]
+        for line in lines[start + 2:]:
+            if not line.startswith("|"):
+                break
+            if "| auto |" in line:
+                glance.append(line)
+        glance.append("")
+    glance += ["Every section:", ""]
+    for i, line in enumerate(lines):
+        if line.startswith("## "):
+            title = line[3:].strip()
+            anchor = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+            after = next((x for x in lines[i + 1:] if x.strip()), "")
+            first = after.split(". ")[0].rstrip(".") if not after.startswith("|") else ""
+            glance.append(f"- [{title}](#{anchor})" + (f": {first[:160]}" if first else ""))
+    end_of_intro = next(i for i, line in enumerate(lines) if line.startswith("## "))
+    return "\n".join([*lines[:end_of_intro], *glance, "", *lines[end_of_intro:]])
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -694,7 +723,7 @@ def reassemble(output: Path) -> int:
     rows = read_rows(ROOT / "bench" / "results.csv")
     text = markdown(rows, command, elapsed)
     included = fragments(ROOT / "bench" / "fragments")
-    output.write_text(text + ("\n" + included if included else ""))
+    output.write_text(with_front_page(text + ("\n" + included if included else "")))
     print(f"wrote {output} from bench/results.csv ({len(rows)} runs) and the fragments")
     return 0
 
@@ -724,7 +753,7 @@ def main() -> int:
         f" --jobs {args.jobs}"
     text = markdown(rows, command, elapsed)
     included = fragments(ROOT / "bench" / "fragments")
-    Path(args.output).write_text(text + ("\n" + included if included else ""))
+    Path(args.output).write_text(with_front_page(text + ("\n" + included if included else "")))
     write_rows(rows, ROOT / "bench" / "results.csv")
     plot(rows, ROOT / "bench" / "memory.png")
     print(f"wrote {args.output}, bench/results.csv, bench/memory.png in {elapsed:.0f} s")
