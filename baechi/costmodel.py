@@ -90,7 +90,8 @@ class CostModel:
         self._links = {link for a, row in enumerate(self._pair or []) for b, link in enumerate(row)
                        if a != b}
         self._measured = graph.edge_transfer_us
-        self._single: tuple[float, int] | None = None
+        #: The single-device run, once computed (:func:`baechi.simulate.single_device_run_of`).
+        self.single_run: tuple[float, int] | None = None
         self._lower_bound: float | None = None
 
     # ------------------------------------------------------------------ messages
@@ -230,22 +231,6 @@ class CostModel:
         else:
             spread = math.fsum(fastest) / len(devices)
         return max(longest, spread)
-
-    # ------------------------------------------------------------------ whole-graph facts
-    def single_device_run(self) -> tuple[float, int]:
-        """Step time and peak memory of the canonical order on :meth:`single_device`,
-        computed once per cost model (every replay of a request reports it); ``(inf, 0)`` when
-        no device can run every op."""
-        if self._single is None:
-            from baechi.simulate import single_device_run  # the simulator imports this module
-
-            d = self.single_device()
-            if d < 0:
-                self._single = (math.inf, 0)
-            else:
-                self._single = single_device_run(self.graph, self.cluster, d, cost=self)
-        return self._single
-
 
 def _op_times(graph: Graph, kind: str, speed: float) -> list[float]:
     """Every op's time on a device of ``kind`` and ``speed``: ``compute_us_by_kind[kind]``

@@ -29,7 +29,7 @@ from baechi.grouping import Units, colocation_units
 from baechi.memory import persistent_bytes_by
 from baechi.options import Options
 from baechi.pipeline import Reduction, reduce_graph
-from baechi.simulate import Simulation, TransferKey, replay
+from baechi.simulate import Simulation, TransferKey, replay, single_device_run_of
 
 #: How many times the placer is re-run with tighter budgets after a plan overshoots memory.
 MEMORY_RETRIES = 4
@@ -403,7 +403,7 @@ def overshoot(simulation: Simulation, cluster: Cluster) -> dict[int, int]:
 
 def graph_needs(graph: Graph, cost: CostModel) -> dict[str, int]:
     """What the whole graph needs: its single-device peak and its persistent bytes."""
-    peak = cost.single_device_run()[1]
+    peak = single_device_run_of(cost)[1]
     return {"graph_needs_bytes": peak, "graph_persistent_bytes": sum(graph.persistent_bytes)}
 
 

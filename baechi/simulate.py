@@ -535,15 +535,26 @@ def single_device_run(
     return max(end, default=0.0), memory[d].peak
 
 
+def single_device_run_of(cost: CostModel) -> tuple[float, int]:
+    """Step time and peak memory of the canonical order on :meth:`CostModel.single_device`,
+    computed once per cost model (every replay of a request reports it); ``(inf, 0)`` when
+    no device can run every op."""
+    if cost.single_run is None:
+        d = cost.single_device()
+        cost.single_run = (math.inf, 0) if d < 0 else single_device_run(
+            cost.graph, cost.cluster, d, cost=cost)
+    return cost.single_run
+
+
 def _single_device(
     graph: Graph, cluster: Cluster, cost: CostModel | None = None
 ) -> tuple[float, bool]:
     """Step time of the canonical order on the fastest device, and whether it fits there.
 
-    With ``cost``, the run is computed once per cost model (:meth:`CostModel.single_device_run`).
+    With ``cost``, the run is computed once per cost model (:func:`single_device_run_of`).
     """
     cost = cost or CostModel(graph, cluster)
-    step, peak = cost.single_device_run()
+    step, peak = single_device_run_of(cost)
     d = cost.single_device()
     if d < 0:
         return step, False

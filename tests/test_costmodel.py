@@ -14,7 +14,7 @@ from baechi.algorithms.sct import favourite_children
 from baechi.costmodel import CostModel, running_bytes
 from baechi.grouping import DisjointSets, colocation_units, graph_memory, unit_memory
 from baechi.memory import MemoryProxy, memory_proxy
-from baechi.simulate import replay
+from baechi.simulate import replay, single_device_run_of
 
 
 def _cluster(*memories: int, speed: float = 1.0) -> Cluster:
@@ -119,7 +119,7 @@ def test_single_device_run_is_computed_once_per_cost_model(count: int) -> None:
     g = load_graph({"format": "baechi.graph/v1", "ops": [{"name": "a", "compute_us": 3}]})
     cluster = Cluster.uniform(count)
     cost = CostModel(g, cluster)
-    first = cost.single_device_run()
-    assert first == (3.0, 0) and cost.single_device_run() is first
+    first = single_device_run_of(cost)
+    assert first == (3.0, 0) and single_device_run_of(cost) is first
     estimate = replay(g, cluster, [0], [[0]] + [[]] * (count - 1), cost).estimate
     assert estimate.single_device_us == 3.0

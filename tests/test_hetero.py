@@ -20,7 +20,7 @@ from baechi.costmodel import CostModel
 from baechi.errors import InfeasiblePlacement, InvalidCluster, InvalidGraph, InvalidPlan
 from baechi.fusion import fuse
 from baechi.grouping import colocation_units
-from baechi.simulate import replay
+from baechi.simulate import replay, single_device_run_of
 
 KINDS = {"g0": "gpu", "g1": "gpu", "c0": "cpu"}
 
@@ -100,7 +100,7 @@ def test_single_device_is_the_fastest_that_runs_everything() -> None:
                 {"name": "b", "compute_us": 8, "compute_us_by_kind": {"cpu": 2}}],
                [{"src": "a", "dst": "b", "bytes": 0}])
     cost = CostModel(g, _cluster())
-    assert cost.single_device() == 2 and cost.single_device_run()[0] == 4.0
+    assert cost.single_device() == 2 and single_device_run_of(cost)[0] == 4.0
     nowhere = _graph([{"name": "a", "compute_us": 1, "compute_us_by_kind": {"cpu": None}},
                       {"name": "b", "compute_us": 1, "compute_us_by_kind": {"gpu": None}}])
     estimate = replay(nowhere, _cluster(), [0, 2], [[0], [], [1]]).estimate

@@ -6,7 +6,7 @@ import math
 
 from baechi.algorithms.base import Assignment, Problem
 from baechi.errors import InfeasiblePlacement
-from baechi.simulate import single_device_run
+from baechi.simulate import single_device_run, single_device_run_of
 
 
 def place_single(problem: Problem) -> Assignment:
@@ -22,7 +22,7 @@ def place_single(problem: Problem) -> Assignment:
     cost = problem.cost
     if not cost.kinds_matter:
         ranked = sorted(range(len(cluster.devices)), key=lambda d: -cluster.devices[d].speed)
-        peak = cost.single_device_run()[1]
+        peak = single_device_run_of(cost)[1]
     else:  # only devices where every op can run, least total time first
         ranked = sorted(cost.devices_for(range(len(graph))), key=lambda d: math.fsum(cost.op_us[d]))
         if not ranked:
