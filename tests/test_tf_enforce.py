@@ -145,7 +145,7 @@ def placed_losses(t: Tiny, plan: Any, **kwargs: Any) -> tuple[list[float], Any]:
     from baechi import client
 
     t.restore()
-    applied = client.apply_plan(t.model, plan, t.optimizer, **kwargs)
+    applied = client.apply_plan(t.model, plan, optimizer=t.optimizer, **kwargs)
     return t.losses(applied.train_step(t.loss)), applied
 
 
@@ -198,14 +198,14 @@ def test_plan_order_errors_name_the_op(tiny: Tiny) -> None:
     op = plan["order"]["/GPU:1"][0]
     plan["order"]["/GPU:0"].append(op)
     with pytest.raises(client.InvalidInput, match=f"order of '/GPU:0' lists '{op}'"):
-        client.apply_plan(tiny.model, plan, tiny.optimizer)
+        client.apply_plan(tiny.model, plan, optimizer=tiny.optimizer)
     plan = hand_plan(tiny.graph, transfers=True)
     plan["transfer_order"]["/GPU:0"].append({"src": "no/such/op", "dst": "/GPU:1"})
     with pytest.raises(client.InvalidInput, match="no/such/op"):
-        client.apply_plan(tiny.model, plan, tiny.optimizer)
+        client.apply_plan(tiny.model, plan, optimizer=tiny.optimizer)
     plan["transfer_order"] = {"/GPU:0": [{"dst": "/GPU:1"}]}
     with pytest.raises(client.InvalidInput, match=r"transfer_order\['/GPU:0'\]\[0\]"):
-        client.apply_plan(tiny.model, plan, tiny.optimizer)
+        client.apply_plan(tiny.model, plan, optimizer=tiny.optimizer)
 
 
 # ------------------------------------------------------------------------------- measure
