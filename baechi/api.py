@@ -475,6 +475,7 @@ def _plan(
         "reduction": reduction.stats if reduction is not None else {},
         "phases": seconds,
         "deadline_reached": result.fields.get("deadline_reached", False),
+        "largest_op": graph.largest_op(),
         "placement_seconds": time.perf_counter() - started,
     })
     return Plan(

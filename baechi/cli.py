@@ -136,6 +136,10 @@ def _ms(us: float) -> str:
     return f"{us / 1000:.3f} ms"
 
 
+#: The summary notes an op holding more than this share of the graph's compute.
+LARGEST_OP_SHARE = 0.3
+
+
 def summary(plan: Plan, estimate: Estimate, cluster: Cluster) -> str:
     """The human-readable summary printed by ``place`` and ``simulate``."""
     e = estimate
@@ -163,6 +167,10 @@ def summary(plan: Plan, estimate: Estimate, cluster: Cluster) -> str:
             + f": kept the {stats.portfolio_choice} plan")
     if stats.fallback:
         lines.append(f"note           {stats.fallback}")
+    if stats.largest_op and stats.largest_op["share"] > LARGEST_OP_SHARE:
+        lines.append(f"note           op {stats.largest_op['name']!r} holds "
+                     f"{stats.largest_op['share']:.0%} of the compute: no plan beats its time; "
+                     "profile the model finer to split it")
     if stats.candidates:
         # one per line: the notes tell reruns apart (repairs, local search restarts,
         # exact's rounds and its long last solve)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, NotRequired
@@ -267,6 +268,24 @@ class Graph:
                 {"cycle": names, "field": "edges"},
             )
         return order
+
+    def largest_op(self) -> dict[str, Any] | None:
+        """The op with the most compute and its share of the graph's (``None`` when no op
+        takes time): no plan runs the step faster than that op, so a large share says the
+        graph was captured too coarsely to split.
+
+        Examples
+        --------
+        >>> g = load_graph({"format": "baechi.graph/v1", "ops": [
+        ...     {"name": "a", "compute_us": 3}, {"name": "b", "compute_us": 1}]})
+        >>> g.largest_op()
+        {'name': 'a', 'share': 0.75}
+        """
+        total = math.fsum(self.compute_us)
+        if total <= 0:
+            return None
+        op = max(range(len(self.compute_us)), key=self.compute_us.__getitem__)
+        return {"name": self.names[op], "share": round(self.compute_us[op] / total, 4)}
 
     def longest_chain_us(self, op_us: Sequence[float]) -> float:
         """Longest chain of ops (edges cost nothing), each op taking ``op_us[op]``."""

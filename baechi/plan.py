@@ -171,6 +171,9 @@ class PlanStats(BaseModel):
     #: Why model-aware ordering was not tried or cut short (the deadline), when it was, or
     #: why FIFO was no option.
     transfer_order_note: str | None = None
+    #: The op with the most compute and its share of the graph's (``{"name", "share"}``): no
+    #: plan beats that op's time, so a large share means the graph is too coarse to split.
+    largest_op: dict[str, Any] | None = None
 
 
 class TransferEntry(BaseModel):

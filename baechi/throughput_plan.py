@@ -87,6 +87,7 @@ def place_for_throughput(
         "throughput_memory_ok": verdict.memory_ok,
         "deadline_reached": time.perf_counter() > deadline,
         "phases": {"place": time.perf_counter() - started},
+        "largest_op": graph.largest_op(),
         "placement_seconds": time.perf_counter() - started,
     }
     bound = stats.get("bound_us")

@@ -141,3 +141,15 @@ def test_a_missing_extra_names_the_pip_command(
     error = capsys.readouterr().err.strip()
     assert error == ("baechi: error: baechi serve needs the 'server' extra "
                      "(baechi_no_such_module not installed): pip install 'baechi[server]'")
+
+
+def test_the_summary_notes_an_op_too_large_to_split(tmp_path: Path, capsys) -> None:
+    """stats.largest_op carries the figure; the summary says what it means above 30%."""
+    graph = tmp_path / "g.json"
+    graph.write_text(json.dumps(graph_doc([op("body", 80), op("head", 20)],
+                                          [edge("body", "head", 10)])))
+    assert main(["place", str(graph), "--devices", "2", "--algorithm", "m-etf",
+                 "-o", str(tmp_path / "p.json")]) == 0
+    assert "op 'body' holds 80% of the compute" in capsys.readouterr().out
+    plan = json.loads((tmp_path / "p.json").read_text())
+    assert plan["stats"]["largest_op"] == {"name": "body", "share": 0.8}
