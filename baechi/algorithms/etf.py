@@ -603,7 +603,13 @@ class ListScheduler:
             bests = [pick for pick in picks if pick is not None]
             if not bests:
                 return None
-            choice = min(bests, key=self._finish) if self.earliest_finish else min(bests)
+            if self.earliest_finish:
+                # a top keyed by stale channels may hide its device's true best, whose finish
+                # the comparison needs: every stale top is re-keyed before m-EFT chooses
+                choice = next((pick for pick in bests if self._rekey_due(pick, tops)), None) \
+                    or min(bests, key=self._finish)
+            else:
+                choice = min(bests)
             start, d, op = choice.start, choice.device, choice.op
             is_top = op == tops[d].op  # type: ignore[union-attr]
             if self.sequential and is_top:
@@ -632,6 +638,14 @@ class ListScheduler:
             self._block(op, d)
             tops[d] = self._best(d)
             picks[d] = self._pick(tops[d], last_device, no_favour)
+
+    def _rekey_due(self, pick: Candidate, tops: list[Candidate | None]) -> bool:
+        """Whether ``pick``, its device's top, starts later now than its key says (the
+        channels got busier since it was offered)."""
+        top = tops[pick.device]
+        return (self.sequential and top is not None and pick.op == top.op
+                and max(self.data_ready(pick.op, pick.device),
+                        self.device_free[pick.device]) > pick.start)
 
     def _finish(self, pair: Candidate) -> tuple[float, Candidate]:
         """m-EFT's key of a pair: its finish, then m-ETF's order."""
