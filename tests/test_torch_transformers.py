@@ -28,7 +28,7 @@ ALL_CPU = dict.fromkeys(DEVICES, "cpu")
 
 def make(kind: str) -> tuple[nn.Module, Any, Any]:
     """The model (train mode, dropout off), a batch of token ids and its targets."""
-    module, ids, targets, _, _ = make_language_model(kind)
+    module, ids, targets, _, _ = make_language_model(kind, width=128, batch=4, length=32)
     return module, ids, targets
 
 
